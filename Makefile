@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo demo-search test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,6 +18,11 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/seekrl train examples/tiny_grpo.yaml
+
+# the search demo: synthetic world -> teacher SFT -> eval -> GRPO with search -> eval -> report
+# (runs/demo/report.html); see README "The search demo" for what it does and does not show yet
+demo-search: $(STAMP)
+	$(BIN)/seekrl demo --out runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests

@@ -2,6 +2,8 @@
 
     seekrl train examples/tiny_grpo.yaml train.steps=50 algo.name=ppo
     seekrl sft CONFIG data.train=chats.jsonl            # chat SFT, loss on assistant tokens
+    seekrl demo [--out runs/demo]                  # the embedded demo: SFT + GRPO with search on a CPU
+    seekrl generate CONFIG generate.endpoint=http://127.0.0.1:8002/v1 generate.out=sft.jsonl   # or =teacher
     seekrl eval examples/gsm8k_grpo_smollm2.yaml model.path=runs/x/checkpoints/step_3/model
     seekrl index build --corpus hotpotqa --out runs/index/hotpotqa_bm25 --kind bm25
     seekrl serve retriever --index runs/index/hotpotqa_bm25 --port 8000 [--token T]
@@ -9,6 +11,7 @@
     seekrl serve policy --model runs/x/checkpoints/step_3/model --port 8002
     seekrl config examples/tiny_grpo.yaml          # print the resolved config
     seekrl config --reference                      # every key with its docstring
+    seekrl report runs/tiny_grpo [--out PATH]      # HTML report + PNG plots + trajectories page
 
 Bad input (config, data) exits with status 2 and one line naming the problem and the fix.
 """
@@ -38,7 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     sf = sub.add_parser("sft", help="supervised fine-tuning on chat rows (loss on assistant tokens only); same run folder")
     sf.add_argument("config")
     sf.add_argument("overrides", nargs="*")
-    e = sub.add_parser("eval", help="evaluate model.path on data.eval with the training workflow; writes runs/<name>/eval/eval.json")
+    dm = sub.add_parser("demo", help="the embedded demo: world -> index -> teacher SFT -> eval -> GRPO with search -> eval -> report")
+    dm.add_argument("overrides", nargs="*", help="section.key=value overrides of the demo config")
+    dm.add_argument("--out", default="runs/demo", help="folder of the demo's runs and report (default: runs/demo)")
+    dm.add_argument("--config", default=None, help="config (default: examples/demo_search.yaml)")
+    g = sub.add_parser("generate", help="play the tool agent loop against an OpenAI-compatible endpoint (or the scripted teacher); write SFT rows")
+    g.add_argument("config")
+    g.add_argument("overrides", nargs="*")
+    e = sub.add_parser("eval", help="evaluate model.path on data.eval with the training workflow; writes runs/<name>/eval/ (eval.json, eval.md, trajectories.jsonl)")
     e.add_argument("config")
     e.add_argument("overrides", nargs="*")
     ix = sub.add_parser("index", help="build a retrieval index (BM25 or dense) from a Search-R1 corpus")
@@ -67,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("config", nargs="?")
     c.add_argument("overrides", nargs="*")
     c.add_argument("--reference", action="store_true", help="print every section.key with its default and meaning")
+    rp = sub.add_parser("report", help="write an HTML report (PNG plots, sample trajectories) for a run folder")
+    rp.add_argument("run_dir", help="run folder (runs/<log.name>)")
+    rp.add_argument("--out", default=None, help="HTML file to write (default: RUN_DIR/report.html)")
     return p
 
 
@@ -86,19 +99,25 @@ def reference_markdown() -> str:
 def _run_eval(cfg: Config) -> None:
     import asyncio
 
-    from seekrl.train.rl import build, run_eval
+    from seekrl.evaluate import eval_table_markdown, evaluate, write_eval
+    from seekrl.observe.samples import write_trajectories
+    from seekrl.train.rl import build
+    from seekrl.train.setup import sampling_params
 
     if not cfg.data.eval:
         raise ConfigError("data.eval is not set; name the tasks to evaluate (e.g. data.eval=gsm8k:test)")
     # runs/<name>/eval/: next to the training run's files, never over its config.yaml
     cfg.log.dir, cfg.log.name = str(Path(cfg.log.dir) / (cfg.log.name or "run")), "eval"
     comp = build(cfg)
-    metrics = asyncio.run(run_eval(comp))
-    out = comp.run_dir / "eval.json"
-    out.write_text(json.dumps(metrics, indent=2))
-    for k, v in metrics.items():
-        print(f"{k}\t{v:.4f}")
-    print(f"wrote {out}", file=sys.stderr)
+    params = sampling_params(cfg, comp.tokenizer, temperature=cfg.eval.temperature)  # as train.rl.run_eval
+    metrics, groups = asyncio.run(
+        evaluate(comp.workflow, comp.engine, comp.tasks.eval, cfg.eval.n, params, comp.workflow.rubric.names[0])
+    )
+    json_path, md_path = write_eval(metrics, comp.run_dir)
+    samples = comp.run_dir / "trajectories.jsonl"
+    write_trajectories(samples, groups, comp.tokenizer)  # every sample, to read the failures
+    print(eval_table_markdown(metrics), end="")
+    print(f"wrote {json_path}, {md_path} and {samples}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +153,20 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(load_config(args.config, args.overrides).to_yaml(), end="")
             return 0
+        if args.command == "report":
+            from seekrl.report import NotARunFolder, write_report
+
+            try:
+                print(write_report(args.run_dir, args.out))
+            except NotARunFolder as e:
+                print(f"seekrl: error: {e}", file=sys.stderr)
+                return 2
+            return 0
+        if args.command == "demo":
+            from seekrl.demo import run_demo
+
+            run_demo(args.out, args.config, args.overrides)
+            return 0
         cfg = load_config(args.config, args.overrides)
         if args.command == "train":
             from seekrl.train.rl import train
@@ -145,6 +178,14 @@ def main(argv: list[str] | None = None) -> int:
 
             run_dir = sft(cfg)
             print(f"run folder: {run_dir}", file=sys.stderr)
+        elif args.command == "generate":
+            from seekrl.generate import generate
+
+            counts = generate(cfg)
+            print(json.dumps(counts), file=sys.stderr)
+            if counts["failed"] and not counts["written"] + counts["rejected"]:
+                print(f"seekrl: error: every episode failed; first error: {counts.get('first_error')}", file=sys.stderr)
+                return 1
         elif args.command == "eval":
             _run_eval(cfg)
     except (ConfigError, DataError) as e:

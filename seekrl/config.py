@@ -235,6 +235,56 @@ class EvalConfig:
 
 
 @dataclass
+class GenerateConfig:
+    endpoint: str = "teacher"
+    """`seekrl generate`'s engine: an OpenAI-compatible base URL (http://127.0.0.1:8002/v1) or 'teacher' (the scripted teacher)."""
+    model: str = "default"
+    """Model name sent to the endpoint."""
+    api_key_env: str | None = None
+    """Environment variable holding the endpoint's API key (never the key itself)."""
+    out: str | None = None
+    """JSONL file the episodes are appended to (rows below min_reward go to <out>.rejected.jsonl); a rerun resumes."""
+    n: int = 1
+    """Episodes per task."""
+    concurrency: int = 8
+    """Episodes in flight at once."""
+    retries: int = 3
+    """Retries of a failed request (connection errors, HTTP 429 and 5xx), with exponential backoff."""
+    timeout_s: float = 120.0
+    """Timeout of one endpoint request, in seconds."""
+    temperature: float = 1.0
+    """Sampling temperature sent to the endpoint."""
+    min_reward: float | None = None
+    """Keep only episodes whose reward is at least this (rejection sampling); none keeps all."""
+    teacher_skip_search: float = 0.2
+    """Scripted teacher: probability of answering at once with a guess, without searching, on the half of the relations it is overconfident about."""
+    teacher_stop_early: float = 0.0
+    """Scripted teacher: probability of guessing after the first of several needed paragraphs came back."""
+    teacher_weak_query: float = 0.2
+    """Scripted teacher: probability of a weak first query for a paragraph (usually a miss)."""
+    teacher_give_up: float = 0.5
+    """Scripted teacher: probability of guessing after a missed search instead of searching again."""
+
+
+@dataclass
+class DemoConfig:
+    world_seed: int = 0
+    """`seekrl demo`: seed of the synthetic world."""
+    world_entities: int = 300
+    """`seekrl demo`: entities in the world (one corpus paragraph each)."""
+    world_questions: int = 2400
+    """`seekrl demo`: questions (1-hop, 2-hop, comparison), 20% of them the test split."""
+    teacher_n: int = 1
+    """`seekrl demo`: scripted-teacher episodes per train question (the SFT data)."""
+    sft_steps: int = 600
+    """`seekrl demo`: SFT optimizer steps."""
+    sft_lr: float = 2.0e-3
+    """`seekrl demo`: SFT learning rate."""
+    sft_batch_size: int = 16
+    """`seekrl demo`: SFT episodes per step."""
+
+
+@dataclass
 class LogConfig:
     dir: str = "runs"
     """Parent folder of run folders."""
@@ -264,6 +314,8 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict:
@@ -275,7 +327,8 @@ class Config:
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig, "data": DataConfig, "rollout": RolloutConfig, "tools": ToolsConfig, "reward": RewardConfig,
-    "algo": AlgoConfig, "train": TrainConfig, "eval": EvalConfig, "log": LogConfig,
+    "algo": AlgoConfig, "train": TrainConfig, "eval": EvalConfig, "generate": GenerateConfig,
+    "demo": DemoConfig, "log": LogConfig,
 }
 ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -506,6 +559,14 @@ def validate(cfg: Config) -> None:
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p: must be in (0, 1], got {r.top_p}")
     _check_tools(cfg)
+    g = cfg.generate
+    if g.n < 1 or g.concurrency < 1 or g.retries < 0:
+        raise ConfigError("generate.n and generate.concurrency must be at least 1, generate.retries at least 0")
+    for key in ("teacher_skip_search", "teacher_stop_early", "teacher_weak_query", "teacher_give_up"):
+        if not 0.0 <= getattr(g, key) <= 1.0:
+            raise ConfigError(f"generate.{key}: must be a probability in [0, 1], got {getattr(g, key)}")
+    if g.endpoint != "teacher" and not g.endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"generate.endpoint: '{g.endpoint}' is neither 'teacher' nor an http(s) base URL (http://127.0.0.1:8002/v1)")
     w = cfg.reward.weights
     if w is not None and len(w) != len(cfg.reward.functions):
         raise ConfigError(

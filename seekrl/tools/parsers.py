@@ -3,7 +3,9 @@
 Each format has `name`, `stop` (the stop strings of a tool turn), `answer_stop` (those of the
 last, tool-less turn), `parse(turn_text) -> Parsed`, `observation(results, tokenizer) -> ids`,
 `invalid_observation(tokenizer) -> ids` and `tail` (the text that closes an observation, kept
-when the workflow truncates a long one). Observation ids are encoded with
+when the workflow truncates a long one). The text formats (search_r1, dr_tulu) also have
+`observation_text(results)` and `invalid_text`: the same observations as text, for the loop
+that talks to chat endpoints (seekrl/generate.py). Observation ids are encoded with
 `tokenizer.encode(text, add_special_tokens=False)`; they are inserted tokens. The turn's own
 ids were sampled and are never re-encoded: `parse` only reads their decoded text.
 
@@ -90,8 +92,11 @@ class SearchR1Format:
             return Parsed(invalid=True, reason="empty query")
         return Parsed(calls=[ToolCall("search", {"query": content}, m.group(0))])
 
+    def observation_text(self, results: list[ToolResult]) -> str:
+        return "".join(f"\n\n<information>{r.text.strip()}</information>\n\n" for r in results)
+
     def observation(self, results: list[ToolResult], tokenizer, *, closed: bool = True) -> list[int]:
-        return _encode(tokenizer, "".join(f"\n\n<information>{r.text.strip()}</information>\n\n" for r in results))
+        return _encode(tokenizer, self.observation_text(results))
 
     def invalid_observation(self, tokenizer, *, closed: bool = True) -> list[int]:
         return _encode(tokenizer, self.invalid_text)
@@ -145,8 +150,11 @@ class DrTuluFormat:
             calls.append(ToolCall(name, {**attrs, "query": query}, m.group(0)))
         return Parsed(calls=calls)
 
+    def observation_text(self, results: list[ToolResult]) -> str:
+        return "".join(f"\n<tool_output>{r.text.strip()}</tool_output>\n" for r in results)
+
     def observation(self, results: list[ToolResult], tokenizer, *, closed: bool = True) -> list[int]:
-        return _encode(tokenizer, "".join(f"\n<tool_output>{r.text.strip()}</tool_output>\n" for r in results))
+        return _encode(tokenizer, self.observation_text(results))
 
     def invalid_observation(self, tokenizer, *, closed: bool = True) -> list[int]:
         return _encode(tokenizer, self.invalid_text)

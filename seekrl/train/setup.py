@@ -50,10 +50,10 @@ def build_rubric(cfg: Config) -> Rubric:
         raise ConfigError(f"reward.functions: {e}") from None
 
 
-def _load(spec: str, cfg: Config, split_default: str, limit: int | None) -> list[Task]:
+def load_split(spec: str, cfg: Config, split_default: str, limit: int | None) -> list[Task]:
     """One source, or several joined by commas ("nq_open,hotpotqa"): `limit` applies to each."""
     if "," in spec:
-        return [t for part in spec.split(",") if part.strip() for t in _load(part.strip(), cfg, split_default, limit)]
+        return [t for part in spec.split(",") if part.strip() for t in load_split(part.strip(), cfg, split_default, limit)]
     d = cfg.data
     if spec.startswith("tiny:"):
         kind, _, split = spec[5:].partition(":")
@@ -91,8 +91,8 @@ class TaskSets:
 
 def load_task_sets(cfg: Config) -> TaskSets:
     d = cfg.data
-    train = _load(d.train, cfg, "train", d.max_train)
-    evals = _load(d.eval, cfg, "test", d.max_eval) if d.eval else []
+    train = load_split(d.train, cfg, "train", d.max_train)
+    evals = load_split(d.eval, cfg, "test", d.max_eval) if d.eval else []
     tasks_per_step = cfg.rollout.batch_size // cfg.rollout.group_size
     iterator = TaskIterator(train, tasks_per_step, seed=cfg.train.seed, shuffle=d.shuffle)
     tiny = tiny_corpus(train + evals) if cfg.model.path == "tiny" else []
@@ -106,14 +106,24 @@ def make_workflow(cfg: Config, tokenizer, rubric: Rubric):
     params = sampling_params(cfg, tokenizer)
     if cfg.tools.format is None:
         return SingleTurnWorkflow(tokenizer, params, rubric)
+    from seekrl.tools.parsers import get_format
+    from seekrl.workflows.tool_agent import ToolAgentWorkflow
+
+    r = cfg.rollout
+    return ToolAgentWorkflow(
+        tokenizer, params, rubric, get_format(cfg.tools.format), make_tool_executor(cfg), max_turns=r.max_turns,
+        max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens, mask_observations=r.mask_observations,
+    )
+
+
+def make_tool_executor(cfg: Config):
+    """The tools of `tools.*` (the search tool over `tools.retriever`, the `tools.mcp` servers' tools)."""
     from seekrl.retrieval.retriever import HTTPRetriever, LocalRetriever, load_index
     from seekrl.tools.base import ToolPolicy, ToolRegistry
     from seekrl.tools.executor import ToolExecutor
-    from seekrl.tools.parsers import get_format
     from seekrl.tools.search import make_search_tool
-    from seekrl.workflows.tool_agent import ToolAgentWorkflow
 
-    tl, r = cfg.tools, cfg.rollout
+    tl = cfg.tools
     registry = ToolRegistry()
     if tl.retriever:
         if tl.retriever.startswith(("http://", "https://")):
@@ -134,10 +144,7 @@ def make_workflow(cfg: Config, tokenizer, rubric: Rubric):
                 if t.name in registry:
                     raise ValueError(f"tools.mcp: '{server}' offers a tool named '{t.name}' that another source already provides")
                 registry.register(t)
-    return ToolAgentWorkflow(
-        tokenizer, params, rubric, get_format(tl.format), ToolExecutor(registry), max_turns=r.max_turns,
-        max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens, mask_observations=r.mask_observations,
-    )
+    return ToolExecutor(registry)
 
 
 def sampling_params(cfg: Config, tokenizer, temperature: float | None = None) -> SamplingParams:

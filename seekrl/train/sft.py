@@ -5,7 +5,11 @@
 Rows are conversations, `{"messages": [{"role": ..., "content": ...}, ...]}` (open-r1 / TRL's
 conversational form), or `{"prompt": [...messages], "completion": [...assistant messages]}`
 (TRL's prompt-completion form; the two lists are joined, and strings become one user /
-assistant message). Only assistant turns are trained on: their content and the end-of-turn
+assistant message), or agent episodes `{"prompt": [...messages], "segments": [{"text",
+"masked"}, ...]}` as `seekrl generate` (and RL's trajectories files) write them: the prompt is
+rendered with the generation prompt and each segment is encoded on its own, trained unless
+`masked` (`tokenize_segments`) — exactly the token layout of the tool workflow in RL, tool
+outputs masked. Only assistant turns are trained on: their content and the end-of-turn
 token get mask 1; system, user and tool messages (tool outputs), role headers and any other
 template text get mask 0 — the same tokens RL masks as inserted.
 
@@ -39,6 +43,7 @@ tokenizer, usable as `model.path` of `seekrl train`); `train.resume=auto` contin
 from __future__ import annotations
 
 import random
+import string
 import time
 from pathlib import Path
 
@@ -58,7 +63,7 @@ from seekrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_che
 from seekrl.train.policy import make_optimizer
 from seekrl.train.setup import prepare_run_dir
 
-__all__ = ["ChatTemplateError", "tokenize_chat", "load_sft_rows", "sft_loss_sums", "step_loss", "eval_loss", "sft"]
+__all__ = ["ChatTemplateError", "tokenize_chat", "tokenize_segments", "load_sft_rows", "sft_loss_sums", "step_loss", "eval_loss", "sft"]
 
 
 class ChatTemplateError(ValueError):
@@ -124,14 +129,48 @@ def _as_messages(value, role: str, where: str, name: str) -> list[dict]:
     return value
 
 
-def load_sft_rows(path: str | Path, limit: int | None = None) -> list[list[dict]]:
-    """Conversations from a chat file (rows with `messages`, or `prompt` + `completion`).
+def tokenize_segments(tokenizer, prompt: list[dict], segments: list[dict]) -> tuple[list[int], list[int]]:
+    """`(ids, labels_mask)` of an agent episode: the chat prompt (mask 0, with the generation
+    prompt), then each segment encoded on its own, mask 1 unless `masked` — the layout the tool
+    workflow builds in RL (sampled turns, then inserted observations)."""
+    ids = encode_chat(tokenizer, prompt, add_generation_prompt=True)
+    mask = [0] * len(ids)
+    for seg in segments:
+        seg_ids = list(tokenizer.encode(seg["text"], add_special_tokens=False))
+        ids += seg_ids
+        mask += [0 if seg["masked"] else 1] * len(seg_ids)
+    return ids, mask
+
+
+def _as_segments(value, where: str) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: field 'segments' must be a non-empty list of {{'text': str, 'masked': bool}}")
+    for i, seg in enumerate(value):
+        if not isinstance(seg, dict) or not isinstance(seg.get("text"), str) or not isinstance(seg.get("masked"), bool):
+            raise DataError(f"{where}: segments[{i}] must be {{'text': str, 'masked': bool}}, got {str(seg)[:80]}")
+    if not any(not seg["masked"] and seg["text"] for seg in value):
+        raise DataError(f"{where}: every segment is masked, so nothing to train on")
+    return value
+
+
+def load_sft_rows(path: str | Path, limit: int | None = None) -> list:
+    """Examples from a chat file: conversations (rows with `messages`, or `prompt` + `completion`)
+    as lists of messages, and agent episodes (rows with `prompt` + `segments`, as `seekrl
+    generate` writes them) as `{"prompt": [...], "segments": [...]}` dicts.
 
     Raises DataError naming `file:line` (row number for non-jsonl files) and the missing field.
     """
-    convs: list[list[dict]] = []
+    convs: list = []
     for number, row in read_rows(path):
         where = f"{path}:{number}"
+        if "segments" in row:
+            if "prompt" not in row:
+                raise DataError(f"{where}: a row with 'segments' needs the 'prompt' messages too")
+            convs.append({"prompt": _as_messages(row["prompt"], "user", where, "prompt"),
+                          "segments": _as_segments(row["segments"], where)})
+            if limit is not None and len(convs) >= limit:
+                break
+            continue
         if "messages" in row:
             conv = _as_messages(row["messages"], "user", where, "messages")
         elif "prompt" in row and "completion" in row:
@@ -151,8 +190,9 @@ def load_sft_rows(path: str | Path, limit: int | None = None) -> list[list[dict]
     return convs
 
 
-def _tokenize_all(tokenizer, convs: list[list[dict]], max_len: int, what: str) -> list[tuple[list[int], list[int]]]:
-    out = [tokenize_chat(tokenizer, c) for c in convs]
+def _tokenize_all(tokenizer, convs: list, max_len: int, what: str) -> list[tuple[list[int], list[int]]]:
+    out = [tokenize_segments(tokenizer, c["prompt"], c["segments"]) if isinstance(c, dict) else tokenize_chat(tokenizer, c)
+           for c in convs]
     keep = [ex for ex in out if len(ex[0]) <= max_len and sum(ex[1]) > 0]
     if not keep:
         raise ValueError(f"{what}: every conversation is longer than model.max_context={max_len} tokens (or has no assistant tokens)")
@@ -235,8 +275,10 @@ def sft(cfg: Config) -> Path:
     _seed_everything(t.seed)
     tiny_texts = None
     if m.path == "tiny":
-        tiny_texts = [x["content"] or "" for c in train_convs + eval_convs for x in c]
-        tiny_texts += sorted({x["role"] + "\n" for c in train_convs + eval_convs for x in c})
+        msgs = [x for c in train_convs + eval_convs for x in (c["prompt"] if isinstance(c, dict) else c)]
+        tiny_texts = [x["content"] or "" for x in msgs] + sorted({x["role"] + "\n" for x in msgs})
+        tiny_texts += [seg["text"] for c in train_convs + eval_convs if isinstance(c, dict) for seg in c["segments"]]
+        tiny_texts.append(string.printable)  # RL inserts tool output that may hold any printable character
     model, tokenizer = load_model(
         m.path, gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
         gradient_checkpointing=m.gradient_checkpointing, lora_r=m.lora_r, lora_alpha=m.lora_alpha,

@@ -1,0 +1,145 @@
+"""A scripted, imperfect-on-purpose teacher that plays the search agent loop (SFT data).
+
+`ScriptedTeacher` is a chat engine (`seekrl.generate.ChatEngine`): `seekrl generate` drives it
+through the same loop as any OpenAI-compatible endpoint, with the real search tool, and writes
+its episodes as SFT rows. It knows each task's gold paragraph titles (`meta["gold_titles"]` for
+the synthetic world; HotpotQA's supporting-fact titles) and answer, and it reads the real
+observations: it searches for the next gold title it has not yet seen in a retrieved passage,
+and answers once every gold paragraph has come back. Imperfect on purpose, so that RL has
+something to improve (probabilities are per episode or per turn, drawn from a seeded RNG):
+
+- `skip_search`: overconfident: for the relations it believes it knows (a seeded half of them,
+  `overconfident_relations`), it answers at once, without searching, with a guess (a
+  comparison: one of the two names at random; otherwise the answer of another task with the
+  same last relation). Systematic, as a real model's blind spots are: when the probability is
+  above 1/2 a student copies the habit even at greedy decoding;
+- `stop_early`: on questions that need several paragraphs, answers with a guess after the
+  first one came back;
+- `weak_query`: searches with a weak query (the question's other words, without the entity
+  name), which usually misses the paragraph; it then searches again with the name...
+- `give_up`: ...unless it gives up after a miss and guesses.
+
+A teacher that ran out of turns guesses. Search turns are `<search> query </search>` (search_r1)
+or `<call_tool name="search"> query </call_tool>` (dr_tulu); the answer is `<answer> a </answer>`.
+The spaces inside the tags are Search-R1's style, and they let a word-level tokenizer give a name
+the same token in the question, the query, the passage and the answer (so it can be copied).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from seekrl.types import Task
+
+__all__ = ["ScriptedTeacher", "gold_titles"]
+
+
+def gold_titles(task: Task) -> list[str]:
+    """The titles of the paragraphs a task needs, in hop order (empty when unknown)."""
+    meta = task.meta or {}
+    if meta.get("gold_titles"):
+        return list(meta["gold_titles"])
+    if meta.get("supporting_titles"):
+        return list(dict.fromkeys(meta["supporting_titles"]))
+    facts = meta.get("supporting_facts") or []
+    return list(dict.fromkeys(f[0] for f in facts if f))
+
+
+class ScriptedTeacher:
+    """See the module docstring. `tasks` are the tasks it may be asked about (their prompts)."""
+
+    def __init__(
+        self,
+        tasks: list[Task],
+        fmt: str = "search_r1",
+        *,
+        seed: int = 0,
+        skip_search: float = 0.2,
+        stop_early: float = 0.0,
+        weak_query: float = 0.2,
+        give_up: float = 0.5,
+        max_turns: int = 4,
+    ):
+        if fmt not in ("search_r1", "dr_tulu"):
+            raise ValueError(f"the scripted teacher writes search_r1 or dr_tulu turns, not '{fmt}'")
+        for name, p in (("skip_search", skip_search), ("stop_early", stop_early), ("weak_query", weak_query), ("give_up", give_up)):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"teacher {name} must be a probability in [0, 1], got {p}")
+        self.fmt, self.skip_search, self.weak_query, self.give_up = fmt, skip_search, weak_query, give_up
+        self.stop_early = stop_early
+        self.max_turns = max_turns
+        self.rng = random.Random(f"teacher-{seed}")
+        self.by_prompt = {self._key(t.prompt): t for t in tasks}
+        self.by_relation: dict[str, list[str]] = {}
+        for t in tasks:
+            self.by_relation.setdefault(self._relation(t), []).append(self._first(t.answer))
+        relations = sorted(self.by_relation)
+        self.overconfident_relations = set(random.Random(f"teacher-relations-{seed}").sample(relations, len(relations) // 2))
+
+    # ---- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def _key(messages: list[dict]) -> str:
+        return next((m["content"] for m in messages if m["role"] == "user"), "")
+
+    @staticmethod
+    def _first(answer) -> str:
+        return str(answer[0] if isinstance(answer, (list, tuple)) and answer else answer)
+
+    @staticmethod
+    def _relation(task: Task) -> str:
+        hops = (task.meta or {}).get("hops") or []
+        return f"{(task.meta or {}).get('kind', '')}:{hops[-1]['relation'] if hops else ''}"
+
+    def _search(self, query: str) -> str:
+        if self.fmt == "dr_tulu":
+            return f'<call_tool name="search"> {query} </call_tool>'
+        return f"<search> {query} </search>"
+
+    def _guess(self, task: Task) -> str:
+        if (task.meta or {}).get("kind") == "comparison":
+            return self.rng.choice(gold_titles(task) or [self._first(task.answer)])
+        pool = [a for a in self.by_relation.get(self._relation(task), []) if a != self._first(task.answer)]
+        return self.rng.choice(pool) if pool else "unknown"
+
+    @staticmethod
+    def _answer(text: str) -> str:
+        return f"<answer> {text} </answer>"
+
+    @staticmethod
+    def _weak(question: str, title: str) -> str:
+        words = [w for w in re.findall(r"\w+", question) if w.lower() not in title.lower()]
+        return " ".join(words[-4:]) or "information"
+
+    # ---- the ChatEngine interface ------------------------------------------------------------
+    async def chat(self, messages: list[dict], *, stop=(), max_tokens: int = 256, temperature: float = 1.0) -> tuple[str, str]:
+        """The teacher's next turn for this transcript: (text, "stop")."""
+        task = self.by_prompt.get(self._key(messages))
+        if task is None:
+            raise ValueError("the scripted teacher was asked about a task it was not given")
+        n_prompt = len(task.prompt)
+        turns = [m["content"] for m in messages[n_prompt:] if m["role"] == "assistant"]
+        seen = "\n".join(m["content"] for m in messages[n_prompt:] if m["role"] != "assistant")
+        question = task.prompt[-1]["content"]
+        titles = gold_titles(task)
+        answer = self._first(task.answer)
+        can_search = "</answer>" not in stop or len(stop) > 1
+        can_search = can_search and len(turns) < self.max_turns
+        missing = [t for t in titles if f"(Title: {t})" not in seen and f'(Title: "{t}")' not in seen]
+        if not turns and self._relation(task) in self.overconfident_relations and self.rng.random() < self.skip_search:
+            return self._answer(self._guess(task)), "stop"
+        if missing and len(missing) < len(titles) and self.rng.random() < self.stop_early:
+            return self._answer(self._guess(task)), "stop"
+        if not missing or not titles:
+            return self._answer(answer), "stop"
+        if not can_search:
+            return self._answer(self._guess(task)), "stop"
+        target = missing[0]
+        attempts = len(turns) - titles.index(target)  # searches already spent on this paragraph (about)
+        if attempts > 0 and self.rng.random() < self.give_up:
+            return self._answer(self._guess(task)), "stop"
+        if attempts == 0 and self.rng.random() < self.weak_query:
+            return self._search(self._weak(question, target)), "stop"
+        if target in " ".join(turns):  # the plain name missed: add the question's words
+            return self._search(f"{target} {self._weak(question, target)}"), "stop"
+        return self._search(target), "stop"

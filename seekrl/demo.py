@@ -1,0 +1,152 @@
+"""`seekrl demo` (what `make demo` runs): teach a tiny model to search, on a CPU, and show it learned.
+
+    seekrl demo [--out runs/demo] [--config examples/demo_search.yaml] [overrides...]
+
+The stages, each the same code as its own command (printed as it runs, so any stage can be
+rerun by hand):
+
+1. world   a seeded synthetic multi-hop world (data/synthetic.py): corpus, train/test questions
+2. index   BM25 over its corpus                                 (seekrl index build)
+3. teacher the scripted teacher plays the agent loop with the real search tool on the train
+           split, imperfect on purpose (it skips search or asks weak queries at times)
+                                                                (seekrl generate, endpoint=teacher)
+4. sft     a tiny model, randomly initialised, learns the episodes with the tool output
+           masked                                               (seekrl sft)
+5. eval    greedy, test split, the RL workflow with the real tool   (seekrl eval)
+6. grpo    GRPO with search from the SFT checkpoint             (seekrl train)
+7. eval    again, then the report: a before/after table (EM, F1, searches per question, answer
+           rate; all, 1-hop, 2-hop, comparison) printed and saved as results.json / results.md,
+           and report.html with plots of the GRPO run            (seekrl report)
+
+All settings are in the config (examples/demo_search.yaml); the `demo:` keys below are the
+stage-specific ones. A rerun with the same folder resumes the stages that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from seekrl.config import load_config
+
+__all__ = ["run_demo", "before_after_rows", "DEFAULT_CONFIG"]
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "demo_search.yaml"
+SCOPES = (("all", ""), ("1-hop", "1hop/"), ("2-hop", "2hop/"), ("comparison", "comparison/"))
+COLUMNS = (("EM", "em"), ("F1", "f1"), ("searches/question", "tool_calls"), ("answer rate", "answer_rate"))
+
+
+def before_after_rows(before: dict, after: dict) -> list[dict]:
+    """One row per scope: the eval metrics after SFT and after RL, side by side."""
+    rows = []
+    for label, scope in SCOPES:
+        if f"eval/{scope}em" not in before:
+            continue
+        row: dict = {"questions": label, "n": int(before.get(f"eval/{scope}count", 0))}
+        for name, key in COLUMNS:
+            b, a = before.get(f"eval/{scope}{key}"), after.get(f"eval/{scope}{key}")
+            row[f"{name} SFT"] = b
+            row[f"{name} RL"] = a
+        rows.append(row)
+    return rows
+
+
+def _markdown(rows: list[dict]) -> str:
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[str] = ()) -> dict:
+    """Run every stage (module docstring); returns the before/after metrics."""
+    from seekrl.data.synthetic import make_world
+    from seekrl.evaluate import eval_table_markdown
+    from seekrl.generate import generate
+    from seekrl.report import markdown_table_to_html, write_report
+    from seekrl.retrieval.commands import build_index
+    from seekrl.train.rl import train
+    from seekrl.train.sft import sft
+
+    console = Console(stderr=True)
+    out_dir = Path(out)
+    config = str(config or DEFAULT_CONFIG)
+    world_dir, index_dir = out_dir / "world", out_dir / "index"
+    paths = [f"data.train={world_dir / 'train.jsonl'}", f"data.eval={world_dir / 'test.jsonl'}",
+             f"tools.retriever={index_dir}", f"log.dir={out_dir}"]
+    # a bad config fails here, before anything runs (the tool checks wait for the index)
+    d = load_config(config, paths + list(overrides) + ["tools.format=null"]).demo
+    t0 = time.perf_counter()
+
+    def stage(name: str, command: str) -> None:
+        console.rule(f"[bold]{name}[/bold]  [dim]{time.perf_counter() - t0:.0f}s[/dim]")
+        console.print(f"[dim]$ {command}[/dim]", highlight=False)
+
+    def cmd(*args: str) -> str:
+        return "seekrl " + " ".join(shlex.quote(a) for a in args)
+
+    stage("1. world", f"make_world(seed={d.world_seed}, n_entities={d.world_entities}, n_questions={d.world_questions})")
+    if not (world_dir / "test.jsonl").is_file():
+        make_world(seed=d.world_seed, n_entities=d.world_entities, n_questions=d.world_questions).save(world_dir)
+    stage("2. index", cmd("index", "build", "--corpus", str(world_dir / "corpus.jsonl"), "--out", str(index_dir)))
+    if not (index_dir / "meta.json").is_file():
+        build_index(str(world_dir / "corpus.jsonl"), str(index_dir), kind="bm25")
+    load_config(config, paths + list(overrides))
+
+    sft_rows = out_dir / "teacher.jsonl"
+    gen = [*paths, *overrides, "generate.endpoint=teacher", f"generate.out={sft_rows}", f"generate.n={d.teacher_n}"]
+    stage("3. teacher", cmd("generate", config, *gen))
+    counts = generate(load_config(config, gen))
+    console.print(f"teacher: {counts['written']} episodes, mean reward {counts['mean_reward']:.3f}, "
+                  f"{counts['tool_calls'] / max(1, counts['written'] + counts['already_done']):.2f} searches/episode")
+
+    sft_over = [*paths, *overrides, f"data.train={sft_rows}", "data.eval=null", "log.name=sft",
+                f"train.steps={d.sft_steps}", f"train.lr={d.sft_lr}", f"rollout.batch_size={d.sft_batch_size}",
+                "train.warmup_steps=20", "train.schedule=cosine", "train.save_every=0", "train.resume=auto"]
+    stage("4. sft", cmd("sft", config, *sft_over))
+    sft(load_config(config, sft_over))
+    sft_model = out_dir / "sft" / "checkpoints" / f"step_{d.sft_steps}" / "model"
+
+    def evaluate_model(model: Path, name: str) -> dict:
+        ev = [*paths, *overrides, f"model.path={model}", f"log.name={name}"]
+        stage(f"eval {name}", cmd("eval", config, *ev))
+        from seekrl.cli import _run_eval
+
+        _run_eval(load_config(config, ev))
+        return json.loads((out_dir / name / "eval" / "eval.json").read_text())
+
+    before = evaluate_model(sft_model, "sft")
+    rl_over = [*paths, *overrides, f"model.path={sft_model}", "log.name=grpo", "train.resume=auto"]
+    stage("6. grpo", cmd("train", config, *rl_over))
+    train(load_config(config, rl_over))
+    rl_cfg = load_config(config, rl_over)
+    rl_model = out_dir / "grpo" / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"
+    after = evaluate_model(rl_model, "grpo")
+
+    rows = before_after_rows(before, after)
+    table = _markdown(rows)
+    results = {"before_sft": before, "after_rl": after, "table": rows, "seconds": time.perf_counter() - t0,
+               "em_gain_points": 100 * (after["eval/em"] - before["eval/em"])}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.md").write_text(
+        "# seekrl demo: test split, greedy, after SFT vs after GRPO\n\n" + table
+        + "\n## After SFT\n\n" + eval_table_markdown(before) + "\n## After GRPO\n\n" + eval_table_markdown(after)
+    )
+    report = write_report(
+        out_dir / "grpo", out_dir / "report.html", title="seekrl demo: a tiny model learns to search",
+        sections=[("Test split before and after GRPO (greedy)", markdown_table_to_html(table))],
+    )
+    stage("done", cmd("report", str(out_dir / "grpo")))
+    print(table, end="")
+    print(f"EM {before['eval/em']:.3f} after SFT -> {after['eval/em']:.3f} after GRPO "
+          f"({results['em_gain_points']:+.1f} points); 2-hop EM {before.get('eval/2hop/em', 0):.3f} -> "
+          f"{after.get('eval/2hop/em', 0):.3f}; {results['seconds'] / 60:.1f} min")
+    print(f"wrote {out_dir / 'results.json'}, {out_dir / 'results.md'} and {report}", file=sys.stderr)
+    return results

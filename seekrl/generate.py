@@ -1,0 +1,269 @@
+"""`seekrl generate`: play the tool agent loop against a chat endpoint and write the episodes.
+
+    seekrl generate CONFIG generate.endpoint=http://127.0.0.1:8002/v1 generate.out=data/sft.jsonl
+    seekrl generate CONFIG generate.endpoint=teacher      # the scripted teacher (data/teacher.py)
+
+The loop is the text twin of workflows/tool_agent.py, for engines that take messages and give
+text (any OpenAI-compatible `/v1/chat/completions`, or the scripted teacher):
+
+    messages = task.prompt
+    repeat (at most tools' max_turns tool turns, then one answer-only turn):
+        text = engine.chat(messages, stop=format's stop strings)      -> trained segment
+        parse text: answer -> done; calls -> run them with the real tools; invalid -> the
+        format's invalid-action text                                  -> masked segment
+        messages += [assistant text, user observation]
+
+OpenAI endpoints cut the output before the stop string; the loop puts it back (the stop whose
+opening tag is the last one open), so a segment always holds the whole call, as in RL.
+
+Each finished episode is one JSON line, written and flushed as soon as it ends:
+
+    {"id", "sample", "source", "prompt": [messages], "segments": [{"text", "masked"}, ...],
+     "answer", "meta", "reward", "reward_parts", "finish_reason", "metrics"}
+
+`segments` is the completion as RL lays it out (search_r1: observations are inserted into the
+assistant's own turn), so `seekrl sft` trains on exactly the tokens RL samples, with the
+observations masked. Rows whose reward is below `generate.min_reward` (rejection sampling)
+go to `<out>.rejected.jsonl` instead. Resumable: a rerun skips the (id, sample) pairs already
+in either file and drops a torn last line. Engine errors are retried with backoff
+(`generate.retries`); an episode that still fails is counted, not written, and the next
+rerun tries it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+from pathlib import Path
+from typing import Protocol
+
+from seekrl.types import Task
+
+__all__ = ["ChatEngine", "OpenAIChatEngine", "EndpointError", "run_episode", "generate_rows", "generate", "done_keys"]
+
+
+class EndpointError(RuntimeError):
+    """The endpoint refused or kept failing a request."""
+
+
+class ChatEngine(Protocol):
+    async def chat(self, messages: list[dict], *, stop=(), max_tokens: int = 256, temperature: float = 1.0) -> tuple[str, str]:
+        """The next assistant turn: (text, finish_reason "stop" | "length")."""
+        ...
+
+
+class OpenAIChatEngine:
+    """`/chat/completions` of an OpenAI-compatible server (seekrl serve policy, vLLM, SGLang, ...)."""
+
+    def __init__(self, base_url: str, model: str = "default", api_key: str | None = None, *, timeout_s: float = 120.0,
+                 retries: int = 3, backoff_s: float = 0.5, concurrency: int = 8):
+        import httpx
+
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model, self.retries, self.backoff_s = model, retries, backoff_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self.client = httpx.AsyncClient(headers=headers, timeout=timeout_s, limits=limits)
+        self.requests = self.retried = 0
+
+    async def chat(self, messages, *, stop=(), max_tokens=256, temperature=1.0):
+        import httpx
+
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+        if stop:
+            body["stop"] = list(stop)
+        last = "no attempt"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.retried += 1
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1) * (1 + random.random()))
+            self.requests += 1
+            try:
+                r = await self.client.post(self.url, json=body)
+            except httpx.HTTPError as e:  # connection refused, timeout, reset: retry
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if r.status_code == 429 or r.status_code >= 500:
+                last = f"HTTP {r.status_code}: {r.text[:200]}"
+                continue
+            if r.status_code != 200:  # a bad request does not get better by retrying
+                raise EndpointError(f"{self.url} answered HTTP {r.status_code}: {r.text[:300]}")
+            choice = r.json()["choices"][0]
+            return choice["message"].get("content") or "", choice.get("finish_reason") or "stop"
+        raise EndpointError(f"{self.url} failed {self.retries + 1} times; last: {last}")
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _restore_stop(text: str, finish: str, stop) -> str:
+    """Put back the stop string an OpenAI server cut off: the one whose opening tag is open last."""
+    if finish != "stop" or not stop or any(text.endswith(s) for s in stop):
+        return text
+    best, at = None, -1
+    for s in stop:
+        if not (s.startswith("</") and s.endswith(">")):
+            continue  # not a closing tag: nothing tells that it was cut
+        # the opening tag may carry attributes: <call_tool name="search"> closes with </call_tool>
+        opens = [m.start() for m in re.finditer("<" + re.escape(s[2:-1]) + r"[\s>]", text)]
+        k = opens[-1] if opens else -1
+        if k > at and s not in text[k:]:
+            best, at = s, k
+    return text + best if best else text
+
+
+async def run_episode(task: Task, engine: ChatEngine, fmt, executor, *, max_turns: int = 4, max_tokens: int = 256,
+                      temperature: float = 1.0) -> dict:
+    """One episode (module docstring): segments, finish reason and counts, without the reward."""
+    from seekrl.tools.executor import EpisodeToolState
+
+    messages = [dict(m) for m in task.prompt]
+    segments: list[dict] = []
+    state = EpisodeToolState()
+    m = {"turns": 0, "tool_calls": 0, "valid_actions": 0, "invalid_actions": 0, "tool_errors": 0}
+    finish = None
+    for turn in range(max_turns + 1):
+        final = turn == max_turns
+        stop = fmt.answer_stop if final else fmt.stop
+        text, why = await engine.chat(messages, stop=stop, max_tokens=max_tokens, temperature=temperature)
+        text = _restore_stop(text, why, stop)
+        segments.append({"text": text, "masked": False})
+        m["turns"] += 1
+        parsed = fmt.parse(text)
+        if parsed.answer is not None and not parsed.calls:
+            m["valid_actions"] += 1
+            finish = "answered"
+            break
+        if final:
+            finish = "max_turns"
+            break
+        if parsed.invalid or not parsed.calls:
+            m["invalid_actions"] += 1
+            obs = fmt.invalid_text
+        else:
+            m["valid_actions"] += 1
+            results = await executor.run_many(parsed.calls, state)
+            m["tool_calls"] += len(results)
+            m["tool_errors"] += sum(not r.ok for r in results)
+            obs = fmt.observation_text(results)
+        segments.append({"text": obs, "masked": True})
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
+    return {"segments": segments, "finish_reason": finish, "metrics": m}
+
+
+def _read_keys(path: Path) -> set[tuple[str, int]]:
+    """(id, sample) of the complete rows of `path`; a torn last line is cut off the file."""
+    if not path.is_file():
+        return set()
+    keys, good = set(), 0
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                row = json.loads(raw)
+            except json.JSONDecodeError:
+                break
+            if not raw.endswith(b"\n"):
+                break
+            keys.add((str(row["id"]), int(row.get("sample", 0))))
+            good += len(raw)
+    if good < path.stat().st_size:
+        with open(path, "r+b") as f:
+            f.truncate(good)
+    return keys
+
+
+def done_keys(out: str | os.PathLike) -> set[tuple[str, int]]:
+    """The (task id, sample) pairs already written to `out` or its rejected file."""
+    out = Path(out)
+    return _read_keys(out) | _read_keys(out.with_name(out.stem + ".rejected.jsonl"))
+
+
+async def generate_rows(tasks: list[Task], engine: ChatEngine, fmt, executor, rubric, out: str | os.PathLike, *,
+                        n: int = 1, concurrency: int = 8, min_reward: float | None = None, max_turns: int = 4,
+                        max_tokens: int = 256, temperature: float = 1.0, progress: bool = True) -> dict:
+    """Run n episodes per task (skipping finished ones) and append them to `out`; returns counts."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = done_keys(out)
+    todo = [(t, s) for t in tasks for s in range(n) if (t.id, s) not in done]
+    counts = {"written": 0, "rejected": 0, "failed": 0, "already_done": len(tasks) * n - len(todo), "reward_sum": 0.0,
+              "tool_calls": 0, "tool_errors": 0, "answered": 0}
+    sem = asyncio.Semaphore(concurrency)
+    first_error: list[str] = []
+    bar = tqdm(total=len(todo), desc="generate", unit="episode", disable=not progress)
+    with open(out, "a", encoding="utf-8") as kept, open(out.with_name(out.stem + ".rejected.jsonl"), "a", encoding="utf-8") as rej:
+
+        async def one(task: Task, sample: int) -> None:
+            async with sem:
+                try:
+                    ep = await run_episode(task, engine, fmt, executor, max_turns=max_turns, max_tokens=max_tokens,
+                                           temperature=temperature)
+                except EndpointError as e:
+                    counts["failed"] += 1
+                    first_error[:] = first_error or [str(e)]
+                    bar.update(1)
+                    return
+            text = "".join(s["text"] for s in ep["segments"])
+            r = await rubric.score(text, task, finish_reason=ep["finish_reason"])
+            row = {"id": task.id, "sample": sample, "source": task.source, "prompt": task.prompt, **ep,
+                   "answer": task.answer, "meta": task.meta, "reward": r.total, "reward_parts": r.parts}
+            keep = min_reward is None or r.total >= min_reward
+            f = kept if keep else rej
+            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            f.flush()
+            counts["written" if keep else "rejected"] += 1
+            counts["reward_sum"] += r.total
+            counts["tool_calls"] += ep["metrics"]["tool_calls"]
+            counts["tool_errors"] += ep["metrics"]["tool_errors"]
+            counts["answered"] += ep["finish_reason"] == "answered"
+            bar.update(1)
+
+        await asyncio.gather(*(one(t, s) for t, s in todo))
+    bar.close()
+    finished = counts["written"] + counts["rejected"]
+    counts["mean_reward"] = counts.pop("reward_sum") / max(1, finished)
+    if first_error:
+        counts["first_error"] = first_error[0]
+    return counts
+
+
+def generate(cfg) -> dict:
+    """`seekrl generate`: the config's train tasks, tools, reward and `generate.*`; returns counts."""
+    from seekrl.config import ConfigError
+    from seekrl.tools.parsers import get_format
+    from seekrl.train.setup import build_rubric, load_split, make_tool_executor
+
+    g = cfg.generate
+    if cfg.tools.format not in ("search_r1", "dr_tulu"):
+        raise ConfigError(f"generate needs tools.format search_r1 or dr_tulu (text tool calls), got {cfg.tools.format}")
+    if not g.out:
+        raise ConfigError("generate.out is not set; name the JSONL file to write (e.g. generate.out=data/sft.jsonl)")
+    rubric = build_rubric(cfg)
+    tasks = load_split(cfg.data.train, cfg, "train", cfg.data.max_train)
+    fmt, executor = get_format(cfg.tools.format), make_tool_executor(cfg)
+    if g.endpoint == "teacher":
+        from seekrl.data.teacher import ScriptedTeacher
+
+        engine = ScriptedTeacher(tasks, cfg.tools.format, seed=cfg.train.seed, skip_search=g.teacher_skip_search, stop_early=g.teacher_stop_early,
+                                 weak_query=g.teacher_weak_query, give_up=g.teacher_give_up, max_turns=cfg.rollout.max_turns)
+    else:
+        key = os.environ.get(g.api_key_env) if g.api_key_env else None
+        engine = OpenAIChatEngine(g.endpoint, g.model, key, timeout_s=g.timeout_s, retries=g.retries, concurrency=g.concurrency)
+
+    async def go():
+        try:
+            return await generate_rows(
+                tasks, engine, fmt, executor, rubric, g.out, n=g.n, concurrency=g.concurrency,
+                min_reward=g.min_reward, max_turns=cfg.rollout.max_turns, max_tokens=cfg.rollout.max_new_tokens,
+                temperature=g.temperature, progress=cfg.log.progress,
+            )
+        finally:
+            if hasattr(engine, "aclose"):
+                await engine.aclose()
+
+    return asyncio.run(go())
