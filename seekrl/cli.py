@@ -96,30 +96,6 @@ def reference_markdown() -> str:
     return "\n".join(lines)
 
 
-def _run_eval(cfg: Config) -> None:
-    import asyncio
-
-    from seekrl.evaluate import eval_table_markdown, evaluate, write_eval
-    from seekrl.observe.samples import write_trajectories
-    from seekrl.train.rl import build
-    from seekrl.train.setup import sampling_params
-
-    if not cfg.data.eval:
-        raise ConfigError("data.eval is not set; name the tasks to evaluate (e.g. data.eval=gsm8k:test)")
-    # runs/<name>/eval/: next to the training run's files, never over its config.yaml
-    cfg.log.dir, cfg.log.name = str(Path(cfg.log.dir) / (cfg.log.name or "run")), "eval"
-    comp = build(cfg)
-    params = sampling_params(cfg, comp.tokenizer, temperature=cfg.eval.temperature)  # as train.rl.run_eval
-    metrics, groups = asyncio.run(
-        evaluate(comp.workflow, comp.engine, comp.tasks.eval, cfg.eval.n, params, comp.workflow.rubric.names[0])
-    )
-    json_path, md_path = write_eval(metrics, comp.run_dir)
-    samples = comp.run_dir / "trajectories.jsonl"
-    write_trajectories(samples, groups, comp.tokenizer)  # every sample, to read the failures
-    print(eval_table_markdown(metrics), end="")
-    print(f"wrote {json_path}, {md_path} and {samples}", file=sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command is None:
@@ -187,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"seekrl: error: every episode failed; first error: {counts.get('first_error')}", file=sys.stderr)
                 return 1
         elif args.command == "eval":
-            _run_eval(cfg)
+            from seekrl.evaluate import eval_config
+
+            eval_config(cfg)
     except (ConfigError, DataError) as e:
         print(f"seekrl: error: {e}", file=sys.stderr)
         return 2

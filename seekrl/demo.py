@@ -68,7 +68,7 @@ def _markdown(rows: list[dict]) -> str:
 def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[str] = ()) -> dict:
     """Run every stage (module docstring); returns the before/after metrics."""
     from seekrl.data.synthetic import make_world
-    from seekrl.evaluate import eval_table_markdown
+    from seekrl.evaluate import eval_config, eval_table_markdown
     from seekrl.generate import generate
     from seekrl.report import markdown_table_to_html, write_report
     from seekrl.retrieval.commands import build_index
@@ -117,16 +117,13 @@ def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[
     def evaluate_model(model: Path, name: str) -> dict:
         ev = [*paths, *overrides, f"model.path={model}", f"log.name={name}"]
         stage(f"eval {name}", cmd("eval", config, *ev))
-        from seekrl.cli import _run_eval
-
-        _run_eval(load_config(config, ev))
-        return json.loads((out_dir / name / "eval" / "eval.json").read_text())
+        return eval_config(load_config(config, ev))
 
     before = evaluate_model(sft_model, "sft")
     rl_over = [*paths, *overrides, f"model.path={sft_model}", "log.name=grpo", "train.resume=auto"]
     stage("6. grpo", cmd("train", config, *rl_over))
-    train(load_config(config, rl_over))
     rl_cfg = load_config(config, rl_over)
+    train(rl_cfg)
     rl_model = out_dir / "grpo" / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"
     after = evaluate_model(rl_model, "grpo")
 

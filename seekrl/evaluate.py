@@ -188,3 +188,32 @@ async def evaluate(workflow, engine, tasks: list[Task], n: int, params: Sampling
     """Run `n` samples per task with the training workflow; return (`summarize`'s metrics, the groups)."""
     groups = await collect(workflow, engine, tasks, n, params)
     return summarize(groups, primary), groups
+
+
+def eval_config(cfg) -> dict[str, float]:
+    """`seekrl eval`: evaluate `model.path` on `data.eval` with the config's workflow (and tools).
+
+    Writes runs/<name>/eval/ (eval.json, eval.md, trajectories.jsonl with every sample), prints
+    the markdown table and returns the metrics.
+    """
+    import asyncio
+    import sys
+
+    from seekrl.config import ConfigError
+    from seekrl.observe.samples import write_trajectories
+    from seekrl.train.rl import build
+    from seekrl.train.setup import sampling_params
+
+    if not cfg.data.eval:
+        raise ConfigError("data.eval is not set; name the tasks to evaluate (e.g. data.eval=gsm8k:test)")
+    # runs/<name>/eval/: next to the training run's files, never over its config.yaml
+    cfg.log.dir, cfg.log.name = str(Path(cfg.log.dir) / (cfg.log.name or "run")), "eval"
+    comp = build(cfg)
+    params = sampling_params(cfg, comp.tokenizer, temperature=cfg.eval.temperature)  # as train.rl.run_eval
+    metrics, groups = asyncio.run(evaluate(comp.workflow, comp.engine, comp.tasks.eval, cfg.eval.n, params, comp.workflow.rubric.names[0]))
+    json_path, md_path = write_eval(metrics, comp.run_dir)
+    samples = comp.run_dir / "trajectories.jsonl"
+    write_trajectories(samples, groups, comp.tokenizer)  # every sample, to read the failures
+    print(eval_table_markdown(metrics), end="")
+    print(f"wrote {json_path}, {md_path} and {samples}", file=sys.stderr)
+    return metrics
