@@ -276,6 +276,12 @@ class DemoConfig:
     """`seekrl demo`: questions (1-hop, 2-hop, comparison), 20% of them the test split."""
     teacher_n: int = 1
     """`seekrl demo`: scripted-teacher episodes per train question (the SFT data)."""
+    pretrain_entities: int = 4000
+    """`seekrl demo`: entities of the background world (another seed) whose corpus the tiny model reads before SFT."""
+    pretrain_steps: int = 400
+    """`seekrl demo`: language-modeling steps of the tiny model on the background corpus before SFT (0: none)."""
+    pretrain_lr: float = 2.0e-3
+    """`seekrl demo`: learning rate of the background-corpus pretraining."""
     sft_steps: int = 600
     """`seekrl demo`: SFT optimizer steps."""
     sft_lr: float = 2.0e-3

@@ -10,11 +10,17 @@ rerun by hand):
 3. teacher the scripted teacher plays the agent loop with the real search tool on the train
            split, imperfect on purpose (it skips search or asks weak queries at times)
                                                                 (seekrl generate, endpoint=teacher)
-4. sft     a tiny model, randomly initialised, learns the episodes with the tool output
-           masked                                               (seekrl sft)
-5. eval    greedy, test split, the RL workflow with the real tool   (seekrl eval)
-6. grpo    GRPO with search from the SFT checkpoint             (seekrl train)
-7. eval    again, then the report: a before/after table (EM, F1, searches per question, answer
+4. pretrain  a tiny model, randomly initialised, reads a background corpus as plain text: the
+           paragraphs of another, larger world (another seed; none names an entity of the
+           demo world), as a base model has read text before it is taught to search. Its BPE
+           tokenizer is trained on that text and the teacher's episodes (whose loss is logged
+           before and after). Pretraining on the demo world's own corpus instead lets the
+           tiny model memorise it (LM loss 0.04), and then it needs no search.
+                                                                (seekrl sft, text rows)
+5. sft     it learns the teacher's episodes with the tool output masked   (seekrl sft)
+6. eval    greedy, test split, the RL workflow with the real tool   (seekrl eval)
+7. grpo    GRPO with search from the SFT checkpoint             (seekrl train)
+8. eval    again, then the report: a before/after table (EM, F1, searches per question, answer
            rate; all, 1-hop, 2-hop, comparison) printed and saved as results.json / results.md,
            and report.html with plots of the GRPO run            (seekrl report)
 
@@ -25,6 +31,7 @@ stage-specific ones. A rerun with the same folder resumes the stages that finish
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import time
@@ -63,6 +70,23 @@ def _markdown(rows: list[dict]) -> str:
         cells = [f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _write_background(path: Path, world_dir: Path, seed: int, n_entities: int) -> None:
+    """Text rows (4 passages each, 2 passes) of another world's corpus, without the passages
+    that name an entity of the demo world (names from two seeds can coincide)."""
+    from seekrl.data.synthetic import make_world
+    from seekrl.retrieval.corpus import corpus_text_rows
+
+    names = [json.loads(line)["name"] for line in open(world_dir / "entities.jsonl", encoding="utf-8")]
+    pattern = re.compile("|".join(rf"\b{re.escape(n)}\b" for n in sorted(names, key=len, reverse=True)))
+    docs = [doc for doc in make_world(seed=seed, n_entities=n_entities, n_questions=0).documents
+            if not pattern.search(doc.contents)]
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in corpus_text_rows(docs, per_row=4, passes=2, seed=seed):
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
 
 
 def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[str] = ()) -> dict:
@@ -107,10 +131,24 @@ def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[
     console.print(f"teacher: {counts['written']} episodes, mean reward {counts['mean_reward']:.3f}, "
                   f"{counts['tool_calls'] / max(1, counts['written'] + counts['already_done']):.2f} searches/episode")
 
+    sft_base = None
+    if d.pretrain_steps:
+        text_rows = out_dir / "background_text.jsonl"
+        if not text_rows.is_file():
+            _write_background(text_rows, world_dir, seed=d.world_seed + 1, n_entities=d.pretrain_entities)
+        pre_over = [*paths, *overrides, f"data.train={text_rows}", f"data.eval={sft_rows}", "log.name=pretrain",
+                    f"train.steps={d.pretrain_steps}", f"train.lr={d.pretrain_lr}", f"rollout.batch_size={d.sft_batch_size}",
+                    "train.warmup_steps=20", "train.schedule=cosine", "train.save_every=0", "train.resume=auto", "eval.every=0"]
+        stage("4. pretrain", cmd("sft", config, *pre_over))
+        sft(load_config(config, pre_over))
+        sft_base = out_dir / "pretrain" / "checkpoints" / f"step_{d.pretrain_steps}" / "model"
+
     sft_over = [*paths, *overrides, f"data.train={sft_rows}", "data.eval=null", "log.name=sft",
                 f"train.steps={d.sft_steps}", f"train.lr={d.sft_lr}", f"rollout.batch_size={d.sft_batch_size}",
                 "train.warmup_steps=20", "train.schedule=cosine", "train.save_every=0", "train.resume=auto"]
-    stage("4. sft", cmd("sft", config, *sft_over))
+    if sft_base is not None:
+        sft_over.append(f"model.path={sft_base}")
+    stage("5. sft", cmd("sft", config, *sft_over))
     sft(load_config(config, sft_over))
     sft_model = out_dir / "sft" / "checkpoints" / f"step_{d.sft_steps}" / "model"
 
@@ -121,7 +159,7 @@ def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[
 
     before = evaluate_model(sft_model, "sft")
     rl_over = [*paths, *overrides, f"model.path={sft_model}", "log.name=grpo", "train.resume=auto"]
-    stage("6. grpo", cmd("train", config, *rl_over))
+    stage("7. grpo", cmd("train", config, *rl_over))
     rl_cfg = load_config(config, rl_over)
     train(rl_cfg)
     rl_model = out_dir / "grpo" / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ __all__ = [
     "read_corpus",
     "read_index_meta",
     "write_corpus",
+    "corpus_text_rows",
     "hotpotqa_corpus",
     "twowiki_corpus",
     "hotpotqa_gold_titles",
@@ -111,6 +113,21 @@ def write_corpus(docs: Iterable[Document], path: str | os.PathLike) -> Path:
         for d in docs:
             f.write(json.dumps(d.to_dict(), ensure_ascii=False) + "\n")
     return path
+
+
+def corpus_text_rows(docs: list[Document], per_row: int = 4, passes: int = 1, seed: int = 0) -> list[dict]:
+    """Plain-text rows `{"text": ...}` (the language-modeling rows of `seekrl sft`) from a corpus:
+    each row is `per_row` passages ("Title\ntext", blank line between), in a seeded random order
+    that differs on each of `passes` passes, so a passage meets different neighbours."""
+    if per_row < 1 or passes < 1:
+        raise ValueError(f"corpus_text_rows needs per_row >= 1 and passes >= 1, got {per_row} and {passes}")
+    passages = [f"{d.title}\n{d.text}" for d in docs]
+    rng = random.Random(f"corpus-text-{seed}")
+    rows = []
+    for _ in range(passes):
+        order = rng.sample(passages, len(passages))
+        rows += [{"text": "\n\n".join(order[i:i + per_row])} for i in range(0, len(order), per_row)]
+    return rows
 
 
 def read_index_meta(path: str | os.PathLike, kind: str | None = None) -> dict:

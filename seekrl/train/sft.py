@@ -63,7 +63,7 @@ from seekrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_che
 from seekrl.train.policy import make_optimizer
 from seekrl.train.setup import prepare_run_dir
 
-__all__ = ["ChatTemplateError", "tokenize_chat", "tokenize_segments", "load_sft_rows", "sft_loss_sums", "step_loss", "eval_loss", "sft"]
+__all__ = ["ChatTemplateError", "tokenize_chat", "tokenize_segments", "tokenize_text", "load_sft_rows", "sft_loss_sums", "step_loss", "eval_loss", "sft"]
 
 
 class ChatTemplateError(ValueError):
@@ -142,6 +142,14 @@ def tokenize_segments(tokenizer, prompt: list[dict], segments: list[dict]) -> tu
     return ids, mask
 
 
+def tokenize_text(tokenizer, text: str) -> tuple[list[int], list[int]]:
+    """`(ids, labels_mask)` of a plain-text row: its tokens and an eos, all trained."""
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return ids, [1] * len(ids)
+
+
 def _as_segments(value, where: str) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise DataError(f"{where}: field 'segments' must be a non-empty list of {{'text': str, 'masked': bool}}")
@@ -155,14 +163,22 @@ def _as_segments(value, where: str) -> list[dict]:
 
 def load_sft_rows(path: str | Path, limit: int | None = None) -> list:
     """Examples from a chat file: conversations (rows with `messages`, or `prompt` + `completion`)
-    as lists of messages, and agent episodes (rows with `prompt` + `segments`, as `seekrl
-    generate` writes them) as `{"prompt": [...], "segments": [...]}` dicts.
+    as lists of messages, agent episodes (rows with `prompt` + `segments`, as `seekrl
+    generate` writes them) as `{"prompt": [...], "segments": [...]}` dicts, and plain-text
+    rows (`text`) as strings.
 
     Raises DataError naming `file:line` (row number for non-jsonl files) and the missing field.
     """
     convs: list = []
     for number, row in read_rows(path):
         where = f"{path}:{number}"
+        if "text" in row and not ("messages" in row or "prompt" in row):
+            if not isinstance(row["text"], str) or not row["text"].strip():
+                raise DataError(f"{where}: field 'text' must be a non-empty string")
+            convs.append(row["text"])
+            if limit is not None and len(convs) >= limit:
+                break
+            continue
         if "segments" in row:
             if "prompt" not in row:
                 raise DataError(f"{where}: a row with 'segments' needs the 'prompt' messages too")
@@ -178,7 +194,7 @@ def load_sft_rows(path: str | Path, limit: int | None = None) -> list:
                 row["completion"], "assistant", where, "completion"
             )
         else:
-            missing = "'completion'" if "prompt" in row else "'messages' (or 'prompt' and 'completion')"
+            missing = "'completion'" if "prompt" in row else "'messages' (or 'prompt' and 'completion', or 'text')"
             raise DataError(f"{where}: row has no {missing} field; fields: {', '.join(map(str, row)) or 'none'}")
         if not any(m["role"] == "assistant" for m in conv):
             raise DataError(f"{where}: conversation has no assistant message, so nothing to train on")
@@ -190,9 +206,16 @@ def load_sft_rows(path: str | Path, limit: int | None = None) -> list:
     return convs
 
 
+def _tokenize_one(tokenizer, c) -> tuple[list[int], list[int]]:
+    if isinstance(c, str):
+        return tokenize_text(tokenizer, c)
+    if isinstance(c, dict):
+        return tokenize_segments(tokenizer, c["prompt"], c["segments"])
+    return tokenize_chat(tokenizer, c)
+
+
 def _tokenize_all(tokenizer, convs: list, max_len: int, what: str) -> list[tuple[list[int], list[int]]]:
-    out = [tokenize_segments(tokenizer, c["prompt"], c["segments"]) if isinstance(c, dict) else tokenize_chat(tokenizer, c)
-           for c in convs]
+    out = [_tokenize_one(tokenizer, c) for c in convs]
     keep = [ex for ex in out if len(ex[0]) <= max_len and sum(ex[1]) > 0]
     if not keep:
         raise ValueError(f"{what}: every conversation is longer than model.max_context={max_len} tokens (or has no assistant tokens)")
@@ -275,9 +298,11 @@ def sft(cfg: Config) -> Path:
     _seed_everything(t.seed)
     tiny_texts = None
     if m.path == "tiny":
-        msgs = [x for c in train_convs + eval_convs for x in (c["prompt"] if isinstance(c, dict) else c)]
+        convs = train_convs + eval_convs
+        msgs = [x for c in convs if not isinstance(c, str) for x in (c["prompt"] if isinstance(c, dict) else c)]
         tiny_texts = [x["content"] or "" for x in msgs] + sorted({x["role"] + "\n" for x in msgs})
-        tiny_texts += [seg["text"] for c in train_convs + eval_convs if isinstance(c, dict) for seg in c["segments"]]
+        tiny_texts += [seg["text"] for c in convs if isinstance(c, dict) for seg in c["segments"]]
+        tiny_texts += [c for c in convs if isinstance(c, str)]
         tiny_texts.append(string.printable)  # RL inserts tool output that may hold any printable character
     model, tokenizer = load_model(
         m.path, gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,

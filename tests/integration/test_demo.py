@@ -13,6 +13,7 @@ from seekrl.cli import main
 
 SMALL = [
     "demo.world_entities=30", "demo.world_questions=90", "demo.sft_steps=6", "demo.sft_batch_size=8",
+    "demo.pretrain_entities=40", "demo.pretrain_steps=3",
     "model.tiny_hidden=32", "model.tiny_layers=2", "data.max_eval=12", "train.steps=2", "train.save_every=1",
     "eval.every=1", "rollout.batch_size=16", "log.progress=false", "log.tensorboard=false",
 ]
@@ -29,7 +30,15 @@ def test_demo_runs_every_stage_and_writes_results_and_report(tmp_path, capsys):
     assert len(rows) == len((out / "world" / "train.jsonl").read_text().splitlines())
     masked = [s for r in rows for s in r["segments"] if s["masked"]]
     assert masked and all("<information>" in s["text"] for s in masked)
-    # 4-7: SFT run, both evals, the GRPO run with its evals in metrics.jsonl
+    # 4: pretraining on another world's passages, none naming a demo entity; SFT starts from it
+    names = [json.loads(line)["name"] for line in (out / "world" / "entities.jsonl").read_text().splitlines()]
+    texts = [json.loads(line)["text"] for line in (out / "background_text.jsonl").read_text().splitlines()]
+    assert len(texts) >= 10 and not any(n in t for n in names for t in texts)
+    pre = [json.loads(line) for line in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in pre if "eval/loss" in r] == [0, 3]  # the teacher episodes' loss, before and after
+    pre_model = out / "pretrain" / "checkpoints" / "step_3" / "model"
+    assert pre_model.is_dir() and f"path: {pre_model}" in (out / "sft" / "config.yaml").read_text()
+    # 5-8: SFT run, both evals, the GRPO run with its evals in metrics.jsonl
     assert (out / "sft" / "checkpoints" / "step_6" / "model").is_dir()
     before = json.loads((out / "sft" / "eval" / "eval.json").read_text())
     after = json.loads((out / "grpo" / "eval" / "eval.json").read_text())

@@ -24,7 +24,7 @@ from seekrl.data.loaders import DataError
 from seekrl.models import encode_chat
 from seekrl.observe.loggers import read_metrics
 from seekrl.train.batching import plan_micro_batches
-from seekrl.train.sft import ChatTemplateError, load_sft_rows, sft, step_loss, tokenize_chat
+from seekrl.train.sft import ChatTemplateError, load_sft_rows, sft, step_loss, tokenize_chat, tokenize_text
 
 CONV = [
     {"role": "system", "content": "be brief"},
@@ -70,6 +70,17 @@ def test_prompt_completion_rows_equal_messages_rows(tmp_path, tiny_tokenizer):
     convs = load_sft_rows(path)
     assert convs[0] == convs[1] == CONV
     assert convs[2] == [{"role": "user", "content": "Question: capital of France?"}, {"role": "assistant", "content": "Paris"}]
+
+
+def test_text_rows_train_every_token_and_an_eos(tmp_path, tiny_tokenizer):
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"text": "Paris is the capital of France."}, {"messages": CONV}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    convs = load_sft_rows(path)
+    assert convs == ["Paris is the capital of France.", CONV]
+    ids, mask = tokenize_text(tiny_tokenizer, convs[0])
+    assert ids[-1] == tiny_tokenizer.eos_token_id and all(mask) and len(mask) == len(ids)
+    assert tiny_tokenizer.decode(ids[:-1]) == "Paris is the capital of France."
 
 
 def test_template_that_rewrites_earlier_turns_is_rejected(tiny_tokenizer):
@@ -135,7 +146,8 @@ def test_micro_batches_give_the_one_batch_gradient(fresh_tiny_model, tiny_tokeni
 def test_malformed_rows_name_file_line_and_field(tmp_path):
     good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     cases = [
-        ({"text": "no messages"}, "'messages'"),
+        ({"txt": "no messages"}, "'messages'"),
+        ({"text": "  "}, "'text' must be a non-empty string"),
         ({"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]}, "'content'"),
         ({"prompt": [{"role": "user", "content": "q"}]}, "'completion'"),
         ({"messages": [{"role": "user", "content": "q"}]}, "no assistant message"),
@@ -192,3 +204,23 @@ def test_sft_learns_a_copy_task_and_checkpoints_load(tmp_path):
     # train.resume=auto continues from step 60: only steps 61..64 are added
     sft(load_config(None, [*overrides, "train.steps=64"]))
     assert [m["step"] for m in read_metrics(run)] == list(range(65))
+
+
+def test_sft_on_text_rows_is_language_modeling(tmp_path):
+    """Plain-text rows (continued pretraining): a tiny model learns a corpus whose second half of
+    each row repeats its first half (so the loss can fall below the entropy of the words)."""
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "kappa", "sigma", "omega", "theta"]
+    rows = []
+    for _ in range(64):
+        span = " ".join(rng.choice(words) for _ in range(4))
+        rows.append({"text": f"{span} | {span}"})
+    data = tmp_path / "text.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    overrides = [f"data.train={data}", "data.eval=null", f"log.dir={tmp_path}", "log.name=lm", "log.progress=false",
+                 "train.lr=3e-3", "rollout.batch_size=16", "model.device=cpu", "train.steps=60", "train.save_every=0"]
+    run = sft(load_config(None, overrides))
+    metrics = read_metrics(run)
+    assert metrics[-1]["loss"] < 0.5 * metrics[1]["loss"], (metrics[1]["loss"], metrics[-1]["loss"])
+    # every token of a row is trained, not just an assistant span: the label count is the row lengths
+    assert metrics[-1]["tokens/assistant"] > 16 * 8

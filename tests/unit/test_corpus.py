@@ -96,3 +96,17 @@ def test_twowiki_corpus():
     d = next(d for d in docs if d.title == "Panam Paduthum Padu")
     assert d.text.startswith("Panam Paduthum Padu is a 1954 Indian Tamil")  # leading space stripped
     assert twowiki_gold_titles(rows[0])[:2] == ["Panam Paduthum Padu", "Secret Enemies"]
+
+
+def test_corpus_text_rows_group_passages_and_reshuffle_each_pass():
+    from seekrl.retrieval.corpus import corpus_text_rows
+
+    docs = [Document.from_title_text(str(i), f"T{i}", f"text {i}.") for i in range(10)]
+    rows = corpus_text_rows(docs, per_row=4, passes=2, seed=3)
+    assert [len(r["text"].split("\n\n")) for r in rows] == [4, 4, 2, 4, 4, 2]
+    first, second = (sorted(p for r in rows[k:k + 3] for p in r["text"].split("\n\n")) for k in (0, 3))
+    assert first == second == sorted(f"T{i}\ntext {i}." for i in range(10))  # each passage once per pass
+    assert rows[:3] != rows[3:]  # a new order on the second pass
+    assert corpus_text_rows(docs, per_row=4, passes=2, seed=3) == rows  # seeded
+    with pytest.raises(ValueError, match="per_row >= 1"):
+        corpus_text_rows(docs, per_row=0)
