@@ -78,7 +78,7 @@ def _write_background(path: Path, world_dir: Path, seed: int, n_entities: int) -
     from seekrl.data.synthetic import make_world
     from seekrl.retrieval.corpus import corpus_text_rows
 
-    names = [json.loads(line)["name"] for line in open(world_dir / "entities.jsonl", encoding="utf-8")]
+    names = [json.loads(line)["name"] for line in (world_dir / "entities.jsonl").read_text(encoding="utf-8").splitlines()]
     pattern = re.compile("|".join(rf"\b{re.escape(n)}\b" for n in sorted(names, key=len, reverse=True)))
     docs = [doc for doc in make_world(seed=seed, n_entities=n_entities, n_questions=0).documents
             if not pattern.search(doc.contents)]
