@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-search test bench clean
+.PHONY: install demo demo-tiny test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,13 +16,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# the embedded default: a tiny model learns to search, on a CPU, in about 11 minutes: synthetic
+# world -> index -> teacher -> pretrain -> SFT -> eval -> GRPO with search -> eval -> report
+# (runs/demo/results.md, runs/demo/report.html); README "The search demo"
 demo: $(STAMP)
-	$(BIN)/seekrl train examples/tiny_grpo.yaml
-
-# the search demo: synthetic world -> teacher SFT -> eval -> GRPO with search -> eval -> report
-# (runs/demo/report.html); see README "The search demo" for what it does and does not show yet
-demo-search: $(STAMP)
 	$(BIN)/seekrl demo --out runs/demo
+
+# a one-minute GRPO smoke run of a random 2-layer model on a toy task (no search)
+demo-tiny: $(STAMP)
+	$(BIN)/seekrl train examples/tiny_grpo.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests

@@ -264,6 +264,8 @@ class GenerateConfig:
     """Scripted teacher: probability of a weak first query for a paragraph (usually a miss)."""
     teacher_give_up: float = 0.5
     """Scripted teacher: probability of guessing after a missed search instead of searching again."""
+    teacher_quote: bool = False
+    """Scripted teacher: after a paragraph it needs comes back, first quote the sentence stating the fact in `<think>`."""
 
 
 @dataclass
@@ -274,10 +276,14 @@ class DemoConfig:
     """`seekrl demo`: entities in the world (one corpus paragraph each)."""
     world_questions: int = 2400
     """`seekrl demo`: questions (1-hop, 2-hop, comparison), 20% of them the test split."""
+    world_style: str = "varied"
+    """`seekrl demo`: how the world's paragraphs are phrased: varied (several templates per fact, shuffled) or plain (one fixed sentence per fact)."""
     teacher_n: int = 1
     """`seekrl demo`: scripted-teacher episodes per train question (the SFT data)."""
     pretrain_entities: int = 4000
     """`seekrl demo`: entities of the background world (another seed) whose corpus the tiny model reads before SFT."""
+    pretrain_episodes: int = 0
+    """`seekrl demo`: questions of the background world that the flawless scripted teacher plays (with its own index) for the pretraining rows, every token trained (0: paragraphs only)."""
     pretrain_steps: int = 400
     """`seekrl demo`: language-modeling steps of the tiny model on the background corpus before SFT (0: none)."""
     pretrain_lr: float = 2.0e-3
@@ -469,7 +475,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 def _choice(key: str, value: str, options) -> None:
     if value not in options:
-        raise ConfigError(f"{key}: '{value}' is not one of {', '.join(options)}{_did_you_mean(value, options)}")
+        close = difflib.get_close_matches(str(value), list(options), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"{key}: '{value}' is not one of {', '.join(options)}{hint}")
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -524,6 +532,7 @@ def validate(cfg: Config) -> None:
     _choice("algo.kl_in", a.kl_in, ("loss", "reward"))
     _choice("train.schedule", t.schedule, ("constant", "cosine"))
     _choice("train.recompute_logprobs", t.recompute_logprobs, ("auto", "always", "never"))
+    _choice("demo.world_style", cfg.demo.world_style, ("varied", "plain"))
     positive = {
         "rollout.group_size": r.group_size, "rollout.batch_size": r.batch_size,
         "rollout.max_new_tokens": r.max_new_tokens, "rollout.max_prompt_tokens": r.max_prompt_tokens,

@@ -10,13 +10,16 @@ rerun by hand):
 3. teacher the scripted teacher plays the agent loop with the real search tool on the train
            split, imperfect on purpose (it skips search or asks weak queries at times)
                                                                 (seekrl generate, endpoint=teacher)
-4. pretrain  a tiny model, randomly initialised, reads a background corpus as plain text: the
-           paragraphs of another, larger world (another seed; none names an entity of the
-           demo world), as a base model has read text before it is taught to search. Its BPE
-           tokenizer is trained on that text and the teacher's episodes (whose loss is logged
-           before and after). Pretraining on the demo world's own corpus instead lets the
-           tiny model memorise it (LM loss 0.04), and then it needs no search.
-                                                                (seekrl sft, text rows)
+4. pretrain  a tiny model, randomly initialised, reads background text, as a base model has
+           read text before it is taught to search: the paragraphs of another, larger world
+           (another seed; none names an entity of the demo world) and, with
+           `demo.pretrain_episodes`, the flawless teacher's episodes on that world's questions
+           (4a: its own index and the real tool; every token trained). That is where it learns
+           to read: to copy a name or a number from a passage (an induction circuit forms after
+           some 500 steps). Its BPE tokenizer is trained on that text and the demo teacher's
+           episodes (whose loss is logged before and after). Pretraining on the demo world's
+           own corpus instead lets the tiny model memorise it (LM loss 0.04), and then it needs
+           no search.                                           (seekrl generate, seekrl sft)
 5. sft     it learns the teacher's episodes with the tool output masked   (seekrl sft)
 6. eval    greedy, test split, the RL workflow with the real tool   (seekrl eval)
 7. grpo    GRPO with search from the SFT checkpoint             (seekrl train)
@@ -31,6 +34,7 @@ stage-specific ones. A rerun with the same folder resumes the stages that finish
 from __future__ import annotations
 
 import json
+import random
 import re
 import shlex
 import sys
@@ -72,19 +76,45 @@ def _markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_background(path: Path, world_dir: Path, seed: int, n_entities: int) -> None:
-    """Text rows (4 passages each, 2 passes) of another world's corpus, without the passages
-    that name an entity of the demo world (names from two seeds can coincide)."""
+def _demo_names_pattern(world_dir: Path) -> re.Pattern:
+    names = [json.loads(line)["name"] for line in (world_dir / "entities.jsonl").read_text(encoding="utf-8").splitlines()]
+    return re.compile("|".join(rf"\b{re.escape(n)}\b" for n in sorted(names, key=len, reverse=True)))
+
+
+def _write_background(path: Path, world_dir: Path, bg_dir: Path, d, config: str, overrides: list[str], stage) -> None:
+    """The pretraining rows, from another world (seed + 1) than the demo's: its paragraphs as text
+    rows (4 passages each, 2 passes) and, with `demo.pretrain_episodes`, the scripted teacher's
+    episodes on its questions, played flawlessly with the real search tool over its own index,
+    every token trained (observations too: this is reading, not imitation). Passages and episodes
+    that name an entity of the demo world (names from two seeds can coincide) are left out."""
     from seekrl.data.synthetic import make_world
+    from seekrl.generate import generate
+    from seekrl.retrieval.commands import build_index
     from seekrl.retrieval.corpus import corpus_text_rows
 
-    names = [json.loads(line)["name"] for line in (world_dir / "entities.jsonl").read_text(encoding="utf-8").splitlines()]
-    pattern = re.compile("|".join(rf"\b{re.escape(n)}\b" for n in sorted(names, key=len, reverse=True)))
-    docs = [doc for doc in make_world(seed=seed, n_entities=n_entities, n_questions=0).documents
-            if not pattern.search(doc.contents)]
+    demo_names = _demo_names_pattern(world_dir)
+    world = make_world(seed=d.world_seed + 1, n_entities=d.pretrain_entities, n_questions=d.pretrain_episodes,
+                       style=d.world_style, test_fraction=0.0)
+    docs = [doc for doc in world.documents if not demo_names.search(doc.contents)]
+    rows = list(corpus_text_rows(docs, per_row=4, passes=2, seed=d.world_seed + 1))
+    if d.pretrain_episodes:
+        world.save(bg_dir / "world")
+        build_index(str(bg_dir / "world" / "corpus.jsonl"), str(bg_dir / "index"), kind="bm25")
+        episodes = bg_dir / "teacher.jsonl"
+        gen = [f"data.train={bg_dir / 'world' / 'train.jsonl'}", "data.eval=null", f"tools.retriever={bg_dir / 'index'}",
+               f"log.dir={bg_dir}", *overrides, "generate.endpoint=teacher", f"generate.out={episodes}", "generate.n=1",
+               "generate.teacher_skip_search=0", "generate.teacher_stop_early=0", "generate.teacher_weak_query=0",
+               "generate.teacher_give_up=0"]
+        stage("4a. background episodes", "seekrl generate " + " ".join(shlex.quote(a) for a in [config, *gen]))
+        generate(load_config(config, gen))
+        for line in episodes.read_text(encoding="utf-8").splitlines():
+            ep = json.loads(line)
+            if not demo_names.search(line):
+                rows.append({"prompt": ep["prompt"], "segments": [{"text": s["text"], "masked": False} for s in ep["segments"]]})
+    random.Random(f"background-{d.world_seed}").shuffle(rows)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        for row in corpus_text_rows(docs, per_row=4, passes=2, seed=seed):
+        for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     tmp.replace(path)
 
@@ -116,9 +146,10 @@ def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[
     def cmd(*args: str) -> str:
         return "seekrl " + " ".join(shlex.quote(a) for a in args)
 
-    stage("1. world", f"make_world(seed={d.world_seed}, n_entities={d.world_entities}, n_questions={d.world_questions})")
+    world_args = dict(seed=d.world_seed, n_entities=d.world_entities, n_questions=d.world_questions, style=d.world_style)
+    stage("1. world", "make_world(" + ", ".join(f"{k}={v!r}" for k, v in world_args.items()) + ")")
     if not (world_dir / "test.jsonl").is_file():
-        make_world(seed=d.world_seed, n_entities=d.world_entities, n_questions=d.world_questions).save(world_dir)
+        make_world(**world_args).save(world_dir)
     stage("2. index", cmd("index", "build", "--corpus", str(world_dir / "corpus.jsonl"), "--out", str(index_dir)))
     if not (index_dir / "meta.json").is_file():
         build_index(str(world_dir / "corpus.jsonl"), str(index_dir), kind="bm25")
@@ -135,7 +166,7 @@ def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[
     if d.pretrain_steps:
         text_rows = out_dir / "background_text.jsonl"
         if not text_rows.is_file():
-            _write_background(text_rows, world_dir, seed=d.world_seed + 1, n_entities=d.pretrain_entities)
+            _write_background(text_rows, world_dir, out_dir / "background", d, config, list(overrides), stage)
         pre_over = [*paths, *overrides, f"data.train={text_rows}", f"data.eval={sft_rows}", "log.name=pretrain",
                     f"train.steps={d.pretrain_steps}", f"train.lr={d.pretrain_lr}", f"rollout.batch_size={d.sft_batch_size}",
                     "train.warmup_steps=20", "train.schedule=cosine", "train.save_every=0", "train.resume=auto", "eval.every=0"]

@@ -39,7 +39,7 @@ from pathlib import Path
 from seekrl.retrieval.corpus import Document, read_corpus, write_corpus
 from seekrl.types import Task
 
-__all__ = ["Entity", "World", "make_world", "load_world", "KINDS", "ENTITY_KINDS", "BLOCKED_WORDS"]
+__all__ = ["Entity", "World", "make_world", "load_world", "KINDS", "ENTITY_KINDS", "STYLES", "BLOCKED_WORDS"]
 
 KINDS = ("1hop", "2hop", "comparison")
 ENTITY_KINDS = ("person", "city", "company", "river")
@@ -273,13 +273,36 @@ _SENTENCES = {
 }
 _INTRO = {"person": "occupation", "city": "country", "company": "industry", "river": "length_km"}
 
+# style="plain": one sentence per fact, always the same, in a fixed order, with the full name and
+# the words the questions ask with ("born in the city of", "founded in the year"). Reading the
+# answer out of such a paragraph is within reach of a tiny model trained from scratch (the demo).
+_PLAIN = {
+    ("person", "occupation"): "{n} was {v}.",
+    ("person", "born_in"): "{n} was born in the city of {v}.",
+    ("person", "birth_year"): "{n} was born in the year {v}.",
+    ("person", "employer"): "{n} worked for the company {v}.",
+    ("city", "country"): "{n} is a city in the country of {v}.",
+    ("city", "population"): "The population of {n} is {v}.",
+    ("city", "founded"): "{n} was founded in the year {v}.",
+    ("company", "industry"): "{n} is a company in the {v} industry.",
+    ("company", "headquartered_in"): "{n} is headquartered in the city of {v}.",
+    ("company", "founded"): "{n} was founded in the year {v}.",
+    ("company", "founder"): "{n} was founded by {v}.",
+    ("river", "length_km"): "The {n} is a river {v} kilometres long.",
+    ("river", "flows_through"): "The {n} flows through the city of {v}.",
+}
+STYLES = ("varied", "plain")
+
 
 def _say(rng: random.Random, e: Entity, fact: str, **kw) -> str:
     return rng.choice(_SENTENCES[(e.kind, fact)]).format(n=e.name, s=e.short, **kw)
 
 
-def _paragraph(rng: random.Random, e: Entity) -> str:
+def _paragraph(rng: random.Random, e: Entity, style: str = "varied") -> str:
     a, facts = e.attrs, []
+    if style == "plain":
+        return " ".join(_PLAIN[(e.kind, k)].format(n=e.name, v=_article(v) if k == "occupation" else _fmt(k, v))
+                        for k, v in a.items())
     intro = _INTRO[e.kind]
     v = _fmt(intro, a[intro])
     first = _say(rng, e, intro, v=_article(v) if e.kind in ("person", "company") else v, w=v)
@@ -391,13 +414,18 @@ def make_world(
     test_fraction: float = 0.2,
     kinds: tuple[str, ...] = KINDS,
     n_distractors: int = 0,
+    style: str = "varied",
 ) -> World:
     """A world of `n_entities` entities, their paragraphs (+ `n_distractors`), and about
     `n_questions` questions split evenly over `kinds` (fewer when a kind runs out of distinct
-    questions), split into train/test by question. Deterministic for a seed."""
+    questions), split into train/test by question. Deterministic for a seed. `style` "varied"
+    phrases each fact with one of several templates in a shuffled order; "plain" states the
+    facts in one fixed sentence each, in a fixed order (the same entities and facts)."""
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
         raise ValueError(f"unknown question kinds {unknown}; choose from {', '.join(KINDS)}")
+    if style not in STYLES:
+        raise ValueError(f"unknown world style {style!r}; choose from {', '.join(STYLES)}")
     if n_entities < 12:
         raise ValueError(f"n_entities must be at least 12, got {n_entities}")
     if not 0.0 <= test_fraction < 1.0:
@@ -406,7 +434,7 @@ def make_world(
     namer = _Namer(rng)
     entities = _make_entities(rng, namer, n_entities)
     by_name = {e.name: e for e in entities}
-    texts = [(e.name, _paragraph(rng, e)) for e in entities]
+    texts = [(e.name, _paragraph(rng, e, style)) for e in entities]
     texts += [_distractor(rng, namer, entities) for _ in range(n_distractors)]
     documents = [Document.from_title_text(str(i), t, x) for i, (t, x) in enumerate(texts)]
 

@@ -19,6 +19,14 @@ something to improve (probabilities are per episode or per turn, drawn from a se
   name), which usually misses the paragraph; it then searches again with the name...
 - `give_up`: ...unless it gives up after a miss and guesses.
 
+With `quote`, after each observation that brought back a paragraph it needs, the teacher first
+writes the sentence of that paragraph that states the fact it needed, as its reasoning
+(`<think> Vorlen Masu was born in the city of Kaego. </think>`), then acts. Citing the evidence
+before using it is what Search-R1's template asks for (reason in `<think>` after new
+information), and it turns reading into copying: the student writes the sentence's opening from
+the question's words and then continues the passage it has just seen, which a small model
+learns far more easily than picking the answer out of the passage in one step.
+
 A teacher that ran out of turns guesses. Search turns are `<search> query </search>` (search_r1)
 or `<call_tool name="search"> query </call_tool>` (dr_tulu); the answer is `<answer> a </answer>`.
 The spaces inside the tags are Search-R1's style, and they let a word-level tokenizer give a name
@@ -60,6 +68,7 @@ class ScriptedTeacher:
         weak_query: float = 0.2,
         give_up: float = 0.5,
         max_turns: int = 4,
+        quote: bool = False,
     ):
         if fmt not in ("search_r1", "dr_tulu"):
             raise ValueError(f"the scripted teacher writes search_r1 or dr_tulu turns, not '{fmt}'")
@@ -67,7 +76,7 @@ class ScriptedTeacher:
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"teacher {name} must be a probability in [0, 1], got {p}")
         self.fmt, self.skip_search, self.weak_query, self.give_up = fmt, skip_search, weak_query, give_up
-        self.stop_early = stop_early
+        self.stop_early, self.quote = stop_early, quote
         self.max_turns = max_turns
         self.rng = random.Random(f"teacher-{seed}")
         self.by_prompt = {self._key(t.prompt): t for t in tasks}
@@ -107,6 +116,33 @@ class ScriptedTeacher:
         return f"<answer> {text} </answer>"
 
     @staticmethod
+    def _evidence(task: Task, observation: str, cited: str = "") -> str:
+        """The sentences of `observation` that state a fact of `task`'s hops (about a paragraph in
+        it), in hop order, less those already in `cited`; empty when there are none."""
+        found = []
+        for hop in (task.meta or {}).get("hops") or []:
+            m = re.search(r'\(Title: "?' + re.escape(hop["entity"]) + r'"?\)\s*(.*?)(?=(?:Doc \d+\(Title:|</information>|$))',
+                          observation, re.DOTALL)
+            if not m:
+                continue
+            value = str(hop["value"])
+            values = {value, f"{int(value):,}"} if value.isdigit() else {value}
+            for sentence in re.split(r"(?<=\.)\s+", m.group(1).strip()):
+                if any(re.search(rf"(?<![\w,]){re.escape(v)}(?!\w|,\d)", sentence) for v in values):
+                    if sentence.strip() not in cited:
+                        found.append(sentence.strip())
+                    break
+        return " ".join(dict.fromkeys(found))
+
+    def _think(self, task: Task, messages: list[dict], n_prompt: int) -> str:
+        """`<think> evidence </think>\n` for the newest observation, when quoting and it has some."""
+        if not self.quote or len(messages) <= n_prompt or messages[-1]["role"] == "assistant":
+            return ""
+        cited = " ".join(m["content"] for m in messages[n_prompt:] if m["role"] == "assistant")
+        evidence = self._evidence(task, messages[-1]["content"], cited)
+        return f"<think> {evidence} </think>\n" if evidence else ""
+
+    @staticmethod
     def _weak(question: str, title: str) -> str:
         words = [w for w in re.findall(r"\w+", question) if w.lower() not in title.lower()]
         return " ".join(words[-4:]) or "information"
@@ -117,8 +153,13 @@ class ScriptedTeacher:
         task = self.by_prompt.get(self._key(messages))
         if task is None:
             raise ValueError("the scripted teacher was asked about a task it was not given")
+        action = self._act(task, messages, stop)
+        return self._think(task, messages, len(task.prompt)) + action, "stop"
+
+    def _act(self, task: Task, messages: list[dict], stop) -> str:
         n_prompt = len(task.prompt)
-        turns = [m["content"] for m in messages[n_prompt:] if m["role"] == "assistant"]
+        turns = [re.sub(r"<think>.*?</think>\s*", "", m["content"], flags=re.DOTALL)
+                 for m in messages[n_prompt:] if m["role"] == "assistant"]
         seen = "\n".join(m["content"] for m in messages[n_prompt:] if m["role"] != "assistant")
         question = task.prompt[-1]["content"]
         titles = gold_titles(task)
@@ -127,19 +168,19 @@ class ScriptedTeacher:
         can_search = can_search and len(turns) < self.max_turns
         missing = [t for t in titles if f"(Title: {t})" not in seen and f'(Title: "{t}")' not in seen]
         if not turns and self._relation(task) in self.overconfident_relations and self.rng.random() < self.skip_search:
-            return self._answer(self._guess(task)), "stop"
+            return self._answer(self._guess(task))
         if missing and len(missing) < len(titles) and self.rng.random() < self.stop_early:
-            return self._answer(self._guess(task)), "stop"
+            return self._answer(self._guess(task))
         if not missing or not titles:
-            return self._answer(answer), "stop"
+            return self._answer(answer)
         if not can_search:
-            return self._answer(self._guess(task)), "stop"
+            return self._answer(self._guess(task))
         target = missing[0]
         attempts = len(turns) - titles.index(target)  # searches already spent on this paragraph (about)
         if attempts > 0 and self.rng.random() < self.give_up:
-            return self._answer(self._guess(task)), "stop"
+            return self._answer(self._guess(task))
         if attempts == 0 and self.rng.random() < self.weak_query:
-            return self._search(self._weak(question, target)), "stop"
+            return self._search(self._weak(question, target))
         if target in " ".join(turns):  # the plain name missed: add the question's words
-            return self._search(f"{target} {self._weak(question, target)}"), "stop"
-        return self._search(target), "stop"
+            return self._search(f"{target} {self._weak(question, target)}")
+        return self._search(target)

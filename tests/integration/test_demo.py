@@ -13,7 +13,7 @@ from seekrl.cli import main
 
 SMALL = [
     "demo.world_entities=30", "demo.world_questions=90", "demo.sft_steps=6", "demo.sft_batch_size=8",
-    "demo.pretrain_entities=40", "demo.pretrain_steps=3",
+    "demo.pretrain_entities=40", "demo.pretrain_steps=3", "demo.pretrain_episodes=30",
     "model.tiny_hidden=32", "model.tiny_layers=2", "data.max_eval=12", "train.steps=2", "train.save_every=1",
     "eval.every=1", "rollout.batch_size=16", "log.progress=false", "log.tensorboard=false",
 ]
@@ -30,10 +30,18 @@ def test_demo_runs_every_stage_and_writes_results_and_report(tmp_path, capsys):
     assert len(rows) == len((out / "world" / "train.jsonl").read_text().splitlines())
     masked = [s for r in rows for s in r["segments"] if s["masked"]]
     assert masked and all("<information>" in s["text"] for s in masked)
-    # 4: pretraining on another world's passages, none naming a demo entity; SFT starts from it
+    # 4: pretraining on another world's passages and flawless teacher episodes (every token
+    # trained), none naming a demo entity; SFT starts from it
     names = [json.loads(line)["name"] for line in (out / "world" / "entities.jsonl").read_text().splitlines()]
-    texts = [json.loads(line)["text"] for line in (out / "background_text.jsonl").read_text().splitlines()]
+    background = [json.loads(line) for line in (out / "background_text.jsonl").read_text().splitlines()]
+    texts = [r["text"] for r in background if "text" in r]
+    episodes = [r for r in background if "segments" in r]
     assert len(texts) >= 10 and not any(n in t for n in names for t in texts)
+    assert len(episodes) >= 20 and not any(n in json.dumps(e) for n in names for e in episodes)
+    assert all(not s["masked"] for e in episodes for s in e["segments"])
+    assert any("<information>" in s["text"] for e in episodes for s in e["segments"])
+    bg_world = {json.loads(line)["question"] for line in (out / "background" / "world" / "train.jsonl").read_text().splitlines()}
+    assert all(e["prompt"][-1]["content"] in bg_world for e in episodes)
     pre = [json.loads(line) for line in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in pre if "eval/loss" in r] == [0, 3]  # the teacher episodes' loss, before and after
     pre_model = out / "pretrain" / "checkpoints" / "step_3" / "model"

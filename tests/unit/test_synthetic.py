@@ -154,3 +154,25 @@ def test_distractors_state_no_facts():
     titles = {e.name for e in w.entities}
     for t in _tasks(w):
         assert set(t.meta["gold_titles"]) <= titles
+
+
+def test_plain_style_same_facts_one_fixed_sentence_each():
+    varied, plain = make_world(seed=2, n_entities=60, n_questions=120), make_world(seed=2, n_entities=60, n_questions=120, style="plain")
+    assert plain.entities == varied.entities  # the same world, phrased differently
+    docs = _docs_by_title(plain)
+    for e in plain.entities:
+        text = docs[e.name]
+        sentences = re.findall(r"[^.]+?\.(?=\s|$)", text.replace(",", ""))
+        assert len(sentences) == len(e.attrs), text  # one sentence per fact, nothing else
+        for sentence, (attr, value) in zip(sentences, e.attrs.items()):  # in the attribute order
+            assert e.name in sentence and str(value) in sentence, (attr, sentence)
+    # the same relation reads the same way for every entity (one template per fact)
+    born = [s for d in docs.values() for s in d.split(". ") if "born in the city of" in s]
+    assert len(born) == sum(e.kind == "person" for e in plain.entities)
+    assert _docs_by_title(varied) != docs
+    # the questions stay answerable from the plain corpus
+    for t in _tasks(plain):
+        if t.meta["kind"] != "comparison":
+            assert any(a in docs[t.meta["gold_titles"][-1]] for a in t.answer)
+    with pytest.raises(ValueError, match="unknown world style 'fancy'"):
+        make_world(style="fancy")

@@ -122,6 +122,27 @@ def test_segments_alternate_turns_and_masked_observations(world, index):
         assert ep["metrics"]["turns"] == (len(segs) + 1) // 2
 
 
+@pytest.mark.parametrize("style", ["varied", "plain"])
+def test_quote_cites_the_sentence_stating_each_needed_fact(style):
+    w = make_world(seed=1, n_entities=40, n_questions=120, style=style)
+    _, results = play(w, BM25Index.build(w.documents), quote=True, **PERFECT)
+    assert sum(r for _, _, r in results) / len(results) >= 0.95  # quoting changes no action
+    docs = {d.title: d.text for d in w.documents}
+    for task, ep, _ in results:
+        turns = [s["text"] for s in ep["segments"] if not s["masked"]]
+        assert "<think>" not in turns[0]  # nothing read yet
+        assert turns[-1].endswith(f"<answer> {task.answer[0]} </answer>")
+        cited = [m.strip() for t in turns for m in re.findall(r"<think>(.*?)</think>", t, re.S)]
+        assert len(cited) == ep["metrics"]["tool_calls"]  # one citation per paragraph read (all gold here)
+        for hop, sentence in zip(task.meta["hops"], " ".join(cited).split(". ")):
+            sentence = sentence.rstrip(".") + "."
+            # a whole sentence of the hop's own paragraph, and the one that holds its value
+            assert sentence in docs[hop["entity"]], (sentence, docs[hop["entity"]])
+            assert hop["value"] in sentence.replace(",", "")
+        for t in turns[1:]:
+            assert re.fullmatch(r"<think> .+ </think>\n<(search|answer)> .+ </\1>", t, re.S), t
+
+
 def test_skip_search_only_on_the_overconfident_relations(world, index):
     teacher, results = play(world, index, **{**PERFECT, "skip_search": 1.0})
     relations = {relation(t) for t in world.train}
