@@ -59,7 +59,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     train: str = "tiny:copy"
-    """Training tasks: a builtin ('gsm8k', 'gsm8k:test', 'math500', 'hotpotqa', 'tiny:copy', ...), a .jsonl/.json/.parquet file or datasets folder; several joined by commas."""
+    """Training tasks: a builtin ('gsm8k', 'gsm8k:test', 'math500', 'hotpotqa', 'tiny:copy', ...), a .jsonl/.json/.parquet file or datasets folder; several joined by commas; a trailing [a:b] slices the rows ('hotpotqa[200:]')."""
     eval: str | None = None
     """Evaluation tasks (same forms as `train`); none disables evaluation."""
     converter: str = "auto"

@@ -184,9 +184,13 @@ def write_eval(metrics: dict[str, float], folder: str | Path, prefix: str = "eva
     return json_path, md_path
 
 
-async def evaluate(workflow, engine, tasks: list[Task], n: int, params: SamplingParams, primary: str) -> tuple[dict, list[TrajectoryGroup]]:
+async def evaluate(workflow, engine, tasks: list[Task], n: int, params: SamplingParams, primary: str,
+                   progress: bool = False) -> tuple[dict, list[TrajectoryGroup]]:
     """Run `n` samples per task with the training workflow; return (`summarize`'s metrics, the groups)."""
-    groups = await collect(workflow, engine, tasks, n, params)
+    from tqdm import tqdm
+
+    with tqdm(total=len(tasks), desc="eval", unit="task", disable=not progress) as bar:
+        groups = await collect(workflow, engine, tasks, n, params, progress=bar)
     return summarize(groups, primary), groups
 
 
@@ -210,7 +214,8 @@ def eval_config(cfg) -> dict[str, float]:
     cfg.log.dir, cfg.log.name = str(Path(cfg.log.dir) / (cfg.log.name or "run")), "eval"
     comp = build(cfg)
     params = sampling_params(cfg, comp.tokenizer, temperature=cfg.eval.temperature)  # as train.rl.run_eval
-    metrics, groups = asyncio.run(evaluate(comp.workflow, comp.engine, comp.tasks.eval, cfg.eval.n, params, comp.workflow.rubric.names[0]))
+    metrics, groups = asyncio.run(evaluate(comp.workflow, comp.engine, comp.tasks.eval, cfg.eval.n, params,
+                                           comp.workflow.rubric.names[0], progress=cfg.log.progress))
     json_path, md_path = write_eval(metrics, comp.run_dir)
     samples = comp.run_dir / "trajectories.jsonl"
     write_trajectories(samples, groups, comp.tokenizer)  # every sample, to read the failures

@@ -12,6 +12,14 @@ import asyncio
 from seekrl.types import Task, TrajectoryGroup
 
 
-async def collect(workflow, engine, tasks: list[Task], n: int, params=None) -> list[TrajectoryGroup]:
-    return list(await asyncio.gather(*(workflow.run(task, engine, n, params) for task in tasks)))
+async def collect(workflow, engine, tasks: list[Task], n: int, params=None, progress=None) -> list[TrajectoryGroup]:
+    """`progress`: a tqdm-like bar, advanced by one as each task's group finishes."""
+
+    async def one(task: Task) -> TrajectoryGroup:
+        group = await workflow.run(task, engine, n, params)
+        if progress is not None:
+            progress.update(1)
+        return group
+
+    return list(await asyncio.gather(*(one(task) for task in tasks)))
 

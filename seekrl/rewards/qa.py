@@ -17,6 +17,7 @@ gold aliases that normalise to the empty string (they would match every predicti
 
 from __future__ import annotations
 
+import functools
 import numbers
 import re
 import string
@@ -80,8 +81,20 @@ def substring_match(pred: str, golds: Any) -> float:
     return 1.0 if any(g and g in p for g in map(normalize_answer, gold_list(golds))) else 0.0
 
 
+@functools.lru_cache(maxsize=1)
+def _feedback_texts() -> tuple[str, ...]:
+    """The invalid-action notices the tool loop inserts. They spell out the tags ("put the
+    answer between <answer> and </answer>"), and they are not the model's words."""
+    from seekrl.tools.parsers import FORMATS
+
+    return tuple(cls.invalid_text.strip() for cls in FORMATS.values())
+
+
 def extract_answer(completion: str, tag: str = "answer") -> str | None:
-    """Stripped content of the LAST `<tag>...</tag>` in the completion, or None."""
+    """Stripped content of the LAST `<tag>...</tag>` in the completion, or None. The tool loop's
+    invalid-action notices are skipped: their "<answer> and </answer>" is no answer."""
+    for notice in _feedback_texts():
+        completion = completion.replace(notice, " ")
     t = re.escape(tag)
     matches = re.findall(rf"<{t}>(.*?)</{t}>", completion, re.DOTALL)
     return matches[-1].strip() if matches else None

@@ -6,6 +6,7 @@ so that a mistake costs seconds, not a model load.
 
 from __future__ import annotations
 
+import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,10 +51,20 @@ def build_rubric(cfg: Config) -> Rubric:
         raise ConfigError(f"reward.functions: {e}") from None
 
 
+_SLICE = re.compile(r"^(?P<spec>.+)\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
+
+
 def load_split(spec: str, cfg: Config, split_default: str, limit: int | None) -> list[Task]:
-    """One source, or several joined by commas ("nq_open,hotpotqa"): `limit` applies to each."""
+    """One source, or several joined by commas ("nq_open,hotpotqa"): `limit` applies to each.
+    A source may end in a Python slice of its rows, `hotpotqa[:200]` / `hotpotqa[200:]`, to
+    train and evaluate on disjoint parts of one file (taken before `limit`)."""
     if "," in spec:
         return [t for part in spec.split(",") if part.strip() for t in load_split(part.strip(), cfg, split_default, limit)]
+    m = _SLICE.match(spec)
+    if m and not Path(spec).exists():
+        start, stop = (int(m[k]) if m[k] else None for k in ("start", "stop"))
+        tasks = load_split(m["spec"], cfg, split_default, None)[start:stop]
+        return tasks[:limit] if limit is not None else tasks
     d = cfg.data
     if spec.startswith("tiny:"):
         kind, _, split = spec[5:].partition(":")

@@ -187,6 +187,22 @@ def test_json_list_and_limit(tmp_path):
     assert [(t.id, t.answer, t.source) for t in tasks] == [("0", ["a0", "b0"], "tqa"), ("1", ["a1", "b1"], "tqa")]
 
 
+def test_split_spec_slices_rows_before_limit(tmp_path):
+    from seekrl.config import load_config
+    from seekrl.train.setup import load_split
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "question": f"q{i}", "answer": f"a{i}"}) + "\n" for i in range(10)))
+    cfg = load_config(None, [])
+    ids = lambda spec, limit=None: [t.id for t in load_split(spec, cfg, "train", limit)]  # noqa: E731
+    assert ids(f"{path}[:3]") == ["0", "1", "2"]
+    assert ids(f"{path}[3:]") == [str(i) for i in range(3, 10)]  # disjoint from [:3]
+    assert ids(f"{path}[-2:]") == ["8", "9"] and ids(f"{path}[2:8]", limit=2) == ["2", "3"]
+    assert ids(f"{path}[:2],{path}[9:]") == ["0", "1", "9"]
+    with pytest.raises(Exception, match=r"no such file"):
+        load_split(str(tmp_path / "nope.jsonl") + "[:2]", cfg, "train", None)
+
+
 # ----------------------------------------------------------------------------- converters
 
 

@@ -169,3 +169,26 @@ def test_eval_table_markdown_and_write_eval(tmp_path):
     json_path, md_path = write_eval(m, tmp_path / "eval")
     assert json.loads(json_path.read_text()) == m
     assert md_path.read_text() == table
+
+
+def test_collect_keeps_task_order_and_advances_progress_per_task():
+    import asyncio
+
+    from seekrl.rollout import collect
+
+    class Workflow:  # finishes the tasks in reverse order
+        async def run(self, task, engine, n, params):
+            await asyncio.sleep(0.01 * (3 - int(task.id)))
+            return TrajectoryGroup(task=task, trajectories=[])
+
+    class Bar:
+        def __init__(self):
+            self.n = 0
+
+        def update(self, k):
+            self.n += k
+
+    tasks = [Task(id=str(i), prompt=[{"role": "user", "content": "q"}], answer="a") for i in range(3)]
+    bar = Bar()
+    groups = asyncio.run(collect(Workflow(), None, tasks, 1, progress=bar))
+    assert [g.task.id for g in groups] == ["0", "1", "2"] and bar.n == 3

@@ -54,3 +54,18 @@ def test_retrieved_gold_reads_only_information_blocks():
 def test_in_rubric_with_parts():
     result = asyncio.run(Rubric(["search_r1"]).score(GOOD, T))
     assert result.total == 1.0 and result.parts["search_r1/em"] == 1.0
+
+
+@pytest.mark.parametrize("fmt", ["search_r1", "dr_tulu", "hermes"])
+def test_invalid_action_notice_is_not_an_answer(fmt):
+    """The loop's notice spells out "<answer> and </answer>"; only the model's own answer counts."""
+    from seekrl.rewards.qa import extract_answer, qa_em
+    from seekrl.tools.parsers import get_format
+
+    notice = get_format(fmt).invalid_text
+    task = Task(id="q", prompt=[{"role": "user", "content": "q"}], answer=["and"])
+    bad = "I think it is Paris." + notice + "Still thinking."
+    assert extract_answer(bad) is None and qa_em(bad, task) == 0.0
+    assert make_search_r1_reward()(bad, task).total == 0.0  # not the 0.1 "answer given" format score
+    good = bad + "<answer> and </answer>"  # the model's own answer after the notice is read
+    assert extract_answer(good) == "and" and qa_em(good, task) == 1.0
