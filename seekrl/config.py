@@ -357,9 +357,12 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _did_you_mean(name: str, options, prefix: str = "") -> str:
-    close = difflib.get_close_matches(name, list(options), n=1)
-    return f"; did you mean '{prefix}{close[0]}'?" if close else f"; known: {', '.join(sorted(options))}"
+def _did_you_mean(name: str, options, prefix: str = "", list_known: bool = True) -> str:
+    """'; did you mean X?' for a close option, else the known options (or nothing)."""
+    close = difflib.get_close_matches(str(name), list(options), n=1)
+    if close:
+        return f"; did you mean '{prefix}{close[0]}'?"
+    return f"; known: {', '.join(sorted(options))}" if list_known else ""
 
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
@@ -475,9 +478,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 def _choice(key: str, value: str, options) -> None:
     if value not in options:
-        close = difflib.get_close_matches(str(value), list(options), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"{key}: '{value}' is not one of {', '.join(options)}{hint}")
+        # the options are listed already: only a close match adds something
+        raise ConfigError(f"{key}: '{value}' is not one of {', '.join(options)}{_did_you_mean(value, options, list_known=False)}")
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -532,7 +534,9 @@ def validate(cfg: Config) -> None:
     _choice("algo.kl_in", a.kl_in, ("loss", "reward"))
     _choice("train.schedule", t.schedule, ("constant", "cosine"))
     _choice("train.recompute_logprobs", t.recompute_logprobs, ("auto", "always", "never"))
-    _choice("demo.world_style", cfg.demo.world_style, ("varied", "plain"))
+    from seekrl.data.synthetic import STYLES
+
+    _choice("demo.world_style", cfg.demo.world_style, STYLES)
     positive = {
         "rollout.group_size": r.group_size, "rollout.batch_size": r.batch_size,
         "rollout.max_new_tokens": r.max_new_tokens, "rollout.max_prompt_tokens": r.max_prompt_tokens,

@@ -331,14 +331,19 @@ def policy_server(tmp_path_factory, tasks):
         yield url, app
 
 
+def generate_via(url: str, world_dir, out, *overrides: str) -> int:
+    """`seekrl generate` against the policy server, its key read from SEEKRL_TEST_GEN_KEY."""
+    return main(["generate", str(world_dir / "gen.yaml"), *paths(world_dir), f"generate.endpoint={url}/v1",
+                 "generate.api_key_env=SEEKRL_TEST_GEN_KEY", f"generate.out={out}", *overrides])
+
+
 def test_generate_against_the_policy_server(policy_server, world_dir, tmp_path, monkeypatch, capsys):
     url, app = policy_server
     monkeypatch.setenv("SEEKRL_TEST_GEN_KEY", "gen-secret")
     out = tmp_path / "policy.jsonl"
     before = app.state.stats["requests"]
-    rc = main(["generate", str(world_dir / "gen.yaml"), *paths(world_dir), "data.max_train=6", f"generate.endpoint={url}/v1",
-               "generate.api_key_env=SEEKRL_TEST_GEN_KEY", f"generate.out={out}", "generate.concurrency=3", "generate.retries=0",
-               "rollout.max_turns=2", "rollout.max_new_tokens=12", "generate.n=2"])
+    rc = generate_via(url, world_dir, out, "data.max_train=6", "generate.concurrency=3", "generate.retries=0",
+                      "rollout.max_turns=2", "rollout.max_new_tokens=12", "generate.n=2")
     err = capsys.readouterr().err
     assert rc == 0, err
     counts = json.loads(err.strip().splitlines()[-1])
@@ -359,9 +364,8 @@ def test_wrong_token_exits_with_one_error_line_and_no_rows(policy_server, world_
     monkeypatch.setenv("SEEKRL_TEST_GEN_KEY", "not-the-token")
     out = tmp_path / "none.jsonl"
     before = app.state.stats["requests"]
-    rc = main(["generate", str(world_dir / "gen.yaml"), *paths(world_dir), "data.max_train=3", f"generate.endpoint={url}/v1",
-               "generate.api_key_env=SEEKRL_TEST_GEN_KEY", f"generate.out={out}", "rollout.max_new_tokens=8",
-               "rollout.batch_size=4"])  # load_task_sets wants batch_size / group_size <= the tasks
+    rc = generate_via(url, world_dir, out, "data.max_train=3", "rollout.max_new_tokens=8",
+                      "rollout.batch_size=4")  # load_task_sets wants batch_size / group_size <= the tasks
     err = capsys.readouterr().err
     assert rc == 1
     errors = [line for line in err.splitlines() if line.startswith("seekrl: error:")]

@@ -57,6 +57,8 @@ def test_parse_override_shapes():
         (["algo.loss_agg=mean"], "algo.loss_agg: 'mean' is not one of"),
         (["reward.weights=[1, 2]"], "reward.weights has 2 values for 1 reward.functions"),
         (["model.dtype=fp8"], "model.dtype: 'fp8' is not one of"),
+        (["demo.world_style=plian"], "demo.world_style: 'plian' is not one of varied, plain; did you mean 'plain'?"),
+        (["demo.world_style=fancy"], "demo.world_style: 'fancy' is not one of varied, plain"),
         (["model.path=./nowhere"], "model.path: './nowhere' is not a model folder"),
         (["model.path=/tmp/missing.gguf"], "model.path: GGUF file '/tmp/missing.gguf' does not exist"),
     ],
