@@ -43,7 +43,7 @@ from pathlib import Path
 
 from seekrl.rewards.math import extract_boxed, math_accuracy
 from seekrl.rewards.qa import exact_match, extract_answer, f1_score, gold_list
-from seekrl.rollout import collect
+from seekrl.rollout import collect, stable_seed
 from seekrl.types import SamplingParams, Task, Trajectory, TrajectoryGroup
 
 MATH_SOURCE_MARKERS = ("gsm8k", "math", "aime", "amc")
@@ -213,7 +213,8 @@ def eval_config(cfg) -> dict[str, float]:
     # runs/<name>/eval/: next to the training run's files, never over its config.yaml
     cfg.log.dir, cfg.log.name = str(Path(cfg.log.dir) / (cfg.log.name or "run")), "eval"
     comp = build(cfg)
-    params = sampling_params(cfg, comp.tokenizer, temperature=cfg.eval.temperature)  # as train.rl.run_eval
+    params = sampling_params(cfg, comp.tokenizer, temperature=cfg.eval.temperature,  # as train.rl.run_eval
+                             seed=stable_seed(cfg.train.seed, "eval"))
     metrics, groups = asyncio.run(evaluate(comp.workflow, comp.engine, comp.tasks.eval, cfg.eval.n, params,
                                            comp.workflow.rubric.names[0], progress=cfg.log.progress))
     json_path, md_path = write_eval(metrics, comp.run_dir)

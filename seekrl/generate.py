@@ -16,7 +16,9 @@ text (any OpenAI-compatible `/v1/chat/completions`, or the scripted teacher):
 OpenAI endpoints cut the output before the stop string; the loop puts it back (the stop whose
 opening tag is the last one open), so a segment always holds the whole call, as in RL.
 
-Each finished episode is one JSON line, written and flushed as soon as it ends:
+Each finished episode is one JSON line, written and flushed as soon as it ends (so a killed run
+loses nothing); when the run ends, both files are rewritten in task order (task, then sample),
+so the same tasks give the same file whatever the concurrency:
 
     {"id", "sample", "source", "prompt": [messages], "segments": [{"text", "masked"}, ...],
      "answer", "meta", "reward", "reward_parts", "finish_reason", "metrics"}
@@ -28,6 +30,10 @@ go to `<out>.rejected.jsonl` instead. Resumable: a rerun skips the (id, sample) 
 in either file and drops a torn last line. Engine errors are retried with backoff
 (`generate.retries`); an episode that still fails is counted, not written, and the next
 rerun tries it again.
+
+Reproducible: every request carries a seed derived from `train.seed`, the task id, the sample
+and the turn (`seekrl.rollout.stable_seed`, as in RL rollouts). The scripted teacher draws its flaws from it; OpenAI-compatible
+servers that honour `seed` (seekrl serve policy, vLLM, SGLang) sample with it.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import re
 from pathlib import Path
 from typing import Protocol
 
+from seekrl.rollout import stable_seed, turn_seed
 from seekrl.types import Task
 
 __all__ = ["ChatEngine", "OpenAIChatEngine", "EndpointError", "run_episode", "generate_rows", "generate", "done_keys"]
@@ -50,8 +57,10 @@ class EndpointError(RuntimeError):
 
 
 class ChatEngine(Protocol):
-    async def chat(self, messages: list[dict], *, stop=(), max_tokens: int = 256, temperature: float = 1.0) -> tuple[str, str]:
-        """The next assistant turn: (text, finish_reason "stop" | "length")."""
+    async def chat(self, messages: list[dict], *, stop=(), max_tokens: int = 256, temperature: float = 1.0,
+                   seed: int | None = None) -> tuple[str, str]:
+        """The next assistant turn: (text, finish_reason "stop" | "length"); `seed`, when given,
+        makes the draw reproducible."""
         ...
 
 
@@ -69,12 +78,14 @@ class OpenAIChatEngine:
         self.client = httpx.AsyncClient(headers=headers, timeout=timeout_s, limits=limits)
         self.requests = self.retried = 0
 
-    async def chat(self, messages, *, stop=(), max_tokens=256, temperature=1.0):
+    async def chat(self, messages, *, stop=(), max_tokens=256, temperature=1.0, seed=None):
         import httpx
 
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
         if stop:
             body["stop"] = list(stop)
+        if seed is not None:
+            body["seed"] = seed
         last = "no attempt"
         for attempt in range(self.retries + 1):
             if attempt:
@@ -116,8 +127,9 @@ def _restore_stop(text: str, finish: str, stop) -> str:
 
 
 async def run_episode(task: Task, engine: ChatEngine, fmt, executor, *, max_turns: int = 4, max_tokens: int = 256,
-                      temperature: float = 1.0) -> dict:
-    """One episode (module docstring): segments, finish reason and counts, without the reward."""
+                      temperature: float = 1.0, seed: int | None = None) -> dict:
+    """One episode (module docstring): segments, finish reason and counts, without the reward.
+    With `seed`, turn t asks the engine for seed + t."""
     from seekrl.tools.executor import EpisodeToolState
 
     messages = [dict(m) for m in task.prompt]
@@ -128,7 +140,8 @@ async def run_episode(task: Task, engine: ChatEngine, fmt, executor, *, max_turn
     for turn in range(max_turns + 1):
         final = turn == max_turns
         stop = fmt.answer_stop if final else fmt.stop
-        text, why = await engine.chat(messages, stop=stop, max_tokens=max_tokens, temperature=temperature)
+        kw = {} if seed is None else {"seed": turn_seed(seed, turn)}
+        text, why = await engine.chat(messages, stop=stop, max_tokens=max_tokens, temperature=temperature, **kw)
         text = _restore_stop(text, why, stop)
         segments.append({"text": text, "masked": False})
         m["turns"] += 1
@@ -175,6 +188,24 @@ def _read_keys(path: Path) -> set[tuple[str, int]]:
     return keys
 
 
+def _sort_rows(path: Path, order: dict) -> None:
+    """Rewrite `path` with its rows in `order`'s order of (id, sample) (rows of other tasks last,
+    as they were); atomic, and untouched when already in order."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
+
+    def rank(item):
+        k, line = item
+        row = json.loads(line)
+        return order.get((str(row["id"]), int(row.get("sample", 0))), len(order) + k)
+
+    ranked = sorted(enumerate(lines), key=rank)
+    if [k for k, _ in ranked] == list(range(len(lines))):
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line for _, line in ranked), encoding="utf-8")
+    tmp.replace(path)
+
+
 def done_keys(out: str | os.PathLike) -> set[tuple[str, int]]:
     """The (task id, sample) pairs already written to `out` or its rejected file."""
     out = Path(out)
@@ -183,8 +214,9 @@ def done_keys(out: str | os.PathLike) -> set[tuple[str, int]]:
 
 async def generate_rows(tasks: list[Task], engine: ChatEngine, fmt, executor, rubric, out: str | os.PathLike, *,
                         n: int = 1, concurrency: int = 8, min_reward: float | None = None, max_turns: int = 4,
-                        max_tokens: int = 256, temperature: float = 1.0, progress: bool = True) -> dict:
-    """Run n episodes per task (skipping finished ones) and append them to `out`; returns counts."""
+                        max_tokens: int = 256, temperature: float = 1.0, progress: bool = True, seed: int | None = 0) -> dict:
+    """Run n episodes per task (skipping finished ones) and append them to `out`, then put `out`
+    and its rejected file in task order; returns counts. `seed` None sends no seeds."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -202,7 +234,8 @@ async def generate_rows(tasks: list[Task], engine: ChatEngine, fmt, executor, ru
             async with sem:
                 try:
                     ep = await run_episode(task, engine, fmt, executor, max_turns=max_turns, max_tokens=max_tokens,
-                                           temperature=temperature)
+                                           temperature=temperature,
+                                           seed=None if seed is None else stable_seed(seed, task.id, sample))
                 except EndpointError as e:
                     counts["failed"] += 1
                     first_error[:] = first_error or [str(e)]
@@ -225,6 +258,9 @@ async def generate_rows(tasks: list[Task], engine: ChatEngine, fmt, executor, ru
 
         await asyncio.gather(*(one(t, s) for t, s in todo))
     bar.close()
+    order = {(t.id, s): i for i, (t, s) in enumerate((t, s) for t in tasks for s in range(n))}
+    for path in (out, out.with_name(out.stem + ".rejected.jsonl")):
+        _sort_rows(path, order)
     finished = counts["written"] + counts["rejected"]
     counts["mean_reward"] = counts.pop("reward_sum") / max(1, finished)
     if first_error:
@@ -261,7 +297,7 @@ def generate(cfg) -> dict:
             return await generate_rows(
                 tasks, engine, fmt, executor, rubric, g.out, n=g.n, concurrency=g.concurrency,
                 min_reward=g.min_reward, max_turns=cfg.rollout.max_turns, max_tokens=cfg.rollout.max_new_tokens,
-                temperature=g.temperature, progress=cfg.log.progress,
+                temperature=g.temperature, progress=cfg.log.progress, seed=cfg.train.seed,
             )
         finally:
             if hasattr(engine, "aclose"):

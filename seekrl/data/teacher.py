@@ -6,7 +6,10 @@ its episodes as SFT rows. It knows each task's gold paragraph titles (`meta["gol
 the synthetic world; HotpotQA's supporting-fact titles) and answer, and it reads the real
 observations: it searches for the next gold title it has not yet seen in a retrieved passage,
 and answers once every gold paragraph has come back. Imperfect on purpose, so that RL has
-something to improve (probabilities are per episode or per turn, drawn from a seeded RNG):
+something to improve (probabilities are per episode or per turn; each turn draws from its own
+RNG, seeded by the teacher's seed, the request's `seed` (seekrl generate sends one per episode
+and turn), the question and the turn number, so an episode does not depend on which other
+episodes ran before it or alongside it):
 
 - `skip_search`: overconfident: for the relations it believes it knows (a seeded half of them,
   `overconfident_relations`), it answers at once, without searching, with a guess (a
@@ -78,7 +81,7 @@ class ScriptedTeacher:
         self.fmt, self.skip_search, self.weak_query, self.give_up = fmt, skip_search, weak_query, give_up
         self.stop_early, self.quote = stop_early, quote
         self.max_turns = max_turns
-        self.rng = random.Random(f"teacher-{seed}")
+        self.seed = seed
         self.by_prompt = {self._key(t.prompt): t for t in tasks}
         self.by_relation: dict[str, list[str]] = {}
         for t in tasks:
@@ -105,11 +108,11 @@ class ScriptedTeacher:
             return f'<call_tool name="search"> {query} </call_tool>'
         return f"<search> {query} </search>"
 
-    def _guess(self, task: Task) -> str:
+    def _guess(self, task: Task, rng: random.Random) -> str:
         if (task.meta or {}).get("kind") == "comparison":
-            return self.rng.choice(gold_titles(task) or [self._first(task.answer)])
+            return rng.choice(gold_titles(task) or [self._first(task.answer)])
         pool = [a for a in self.by_relation.get(self._relation(task), []) if a != self._first(task.answer)]
-        return self.rng.choice(pool) if pool else "unknown"
+        return rng.choice(pool) if pool else "unknown"
 
     @staticmethod
     def _answer(text: str) -> str:
@@ -148,15 +151,18 @@ class ScriptedTeacher:
         return " ".join(words[-4:]) or "information"
 
     # ---- the ChatEngine interface ------------------------------------------------------------
-    async def chat(self, messages: list[dict], *, stop=(), max_tokens: int = 256, temperature: float = 1.0) -> tuple[str, str]:
+    async def chat(self, messages: list[dict], *, stop=(), max_tokens: int = 256, temperature: float = 1.0,
+                   seed: int | None = None) -> tuple[str, str]:
         """The teacher's next turn for this transcript: (text, "stop")."""
-        task = self.by_prompt.get(self._key(messages))
+        key = self._key(messages)
+        task = self.by_prompt.get(key)
         if task is None:
             raise ValueError("the scripted teacher was asked about a task it was not given")
-        action = self._act(task, messages, stop)
+        rng = random.Random(f"teacher-{self.seed}|{seed}|{key}|{len(messages)}")
+        action = self._act(task, messages, stop, rng)
         return self._think(task, messages, len(task.prompt)) + action, "stop"
 
-    def _act(self, task: Task, messages: list[dict], stop) -> str:
+    def _act(self, task: Task, messages: list[dict], stop, rng: random.Random) -> str:
         n_prompt = len(task.prompt)
         turns = [re.sub(r"<think>.*?</think>\s*", "", m["content"], flags=re.DOTALL)
                  for m in messages[n_prompt:] if m["role"] == "assistant"]
@@ -167,19 +173,19 @@ class ScriptedTeacher:
         can_search = "</answer>" not in stop or len(stop) > 1
         can_search = can_search and len(turns) < self.max_turns
         missing = [t for t in titles if f"(Title: {t})" not in seen and f'(Title: "{t}")' not in seen]
-        if not turns and self._relation(task) in self.overconfident_relations and self.rng.random() < self.skip_search:
-            return self._answer(self._guess(task))
-        if missing and len(missing) < len(titles) and self.rng.random() < self.stop_early:
-            return self._answer(self._guess(task))
+        if not turns and self._relation(task) in self.overconfident_relations and rng.random() < self.skip_search:
+            return self._answer(self._guess(task, rng))
+        if missing and len(missing) < len(titles) and rng.random() < self.stop_early:
+            return self._answer(self._guess(task, rng))
         if not missing or not titles:
             return self._answer(answer)
         if not can_search:
-            return self._answer(self._guess(task))
+            return self._answer(self._guess(task, rng))
         target = missing[0]
         attempts = len(turns) - titles.index(target)  # searches already spent on this paragraph (about)
-        if attempts > 0 and self.rng.random() < self.give_up:
-            return self._answer(self._guess(task))
-        if attempts == 0 and self.rng.random() < self.weak_query:
+        if attempts > 0 and rng.random() < self.give_up:
+            return self._answer(self._guess(task, rng))
+        if attempts == 0 and rng.random() < self.weak_query:
             return self._search(self._weak(question, target))
         if target in " ".join(turns):  # the plain name missed: add the question's words
             return self._search(f"{target} {self._weak(question, target)}")

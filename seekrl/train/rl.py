@@ -17,7 +17,7 @@ import asyncio
 import copy
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from seekrl.observe.loggers import RunLogger
 from seekrl.observe.progress import Progress
 from seekrl.observe.samples import write_trajectories
 from seekrl.observe.stats import StatsTracker
-from seekrl.rollout import collect
+from seekrl.rollout import collect, stable_seed
 from seekrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seekrl.train.estimate import estimate_advantages
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
@@ -135,7 +135,8 @@ async def rl_step(c: Components, step: int) -> dict[str, float]:
     t0 = time.perf_counter()
     # 1. Rollout: G episodes per task, scored by the rubric inside the workflow.
     tasks = c.tasks.iterator.next_batch()
-    groups = await collect(c.workflow, c.engine, tasks, cfg.rollout.group_size)
+    params = replace(c.workflow.params, seed=stable_seed(cfg.train.seed, "rollout", step))
+    groups = await collect(c.workflow, c.engine, tasks, cfg.rollout.group_size, params)
     t_rollout = time.perf_counter() - t0
     trajs = [t for g in groups for t in g.trajectories]
     group_ids = [i for i, g in enumerate(groups) for _ in g.trajectories]
@@ -200,7 +201,7 @@ def log_rollout_stats(stats: StatsTracker, trajs) -> None:
 
 async def run_eval(c: Components) -> dict[str, float]:
     cfg = c.cfg
-    params = sampling_params(cfg, c.tokenizer, temperature=cfg.eval.temperature)
+    params = sampling_params(cfg, c.tokenizer, temperature=cfg.eval.temperature, seed=stable_seed(cfg.train.seed, "eval"))
     metrics, _ = await evaluate(c.workflow, c.engine, c.tasks.eval, cfg.eval.n, params, c.workflow.rubric.names[0])
     return metrics
 

@@ -158,7 +158,7 @@ def make_tool_executor(cfg: Config):
     return ToolExecutor(registry)
 
 
-def sampling_params(cfg: Config, tokenizer, temperature: float | None = None) -> SamplingParams:
+def sampling_params(cfg: Config, tokenizer, temperature: float | None = None, seed: int | None = None) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(
         max_new_tokens=r.max_new_tokens,
@@ -166,4 +166,5 @@ def sampling_params(cfg: Config, tokenizer, temperature: float | None = None) ->
         top_p=r.top_p,
         top_k=r.top_k,
         stop=tuple(r.stop),
+        seed=seed,
     )

@@ -12,6 +12,7 @@ import asyncio
 from seekrl.engines.base import InferenceEngine
 from seekrl.models import encode_chat
 from seekrl.rewards.rubric import Rubric
+from seekrl.rollout import episode_params
 from seekrl.types import SamplingParams, Task, Trajectory, TrajectoryGroup
 
 
@@ -31,7 +32,7 @@ class SingleTurnWorkflow:
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
         params = params or self.params
         prompt_ids = self.prompt_ids(task)
-        completions = await asyncio.gather(*(engine.generate(prompt_ids, params) for _ in range(n)))
+        completions = await asyncio.gather(*(engine.generate(prompt_ids, p) for p in episode_params(params, task, n)))
         trajs = []
         for c in completions:
             t = Trajectory(task=task, prompt_ids=prompt_ids, completion_ids=[], loss_mask=[], logprobs=[], versions=[])

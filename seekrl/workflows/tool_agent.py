@@ -53,6 +53,7 @@ import torch
 
 from seekrl.engines.base import InferenceEngine
 from seekrl.models import encode_chat
+from seekrl.rollout import episode_params, turn_seed
 from seekrl.rewards.rubric import Rubric
 from seekrl.tools.executor import EpisodeToolState, ToolExecutor
 from seekrl.tools.parsers import tail_text
@@ -120,7 +121,7 @@ class ToolAgentWorkflow:
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
         params = params or self.params
         prompt_ids = self.prompt_ids(task)
-        trajs = list(await asyncio.gather(*(self.episode(task, engine, prompt_ids, params) for _ in range(n))))
+        trajs = list(await asyncio.gather(*(self.episode(task, engine, prompt_ids, p) for p in episode_params(params, task, n))))
         results = await self.rubric.score_many(
             (
                 t.text,
@@ -157,7 +158,8 @@ class ToolAgentWorkflow:
                 break
             final = tool_turns >= self.max_turns
             p = dataclasses.replace(
-                params, stop=fmt.answer_stop if final else fmt.stop, max_new_tokens=min(params.max_new_tokens, remaining)
+                params, stop=fmt.answer_stop if final else fmt.stop, max_new_tokens=min(params.max_new_tokens, remaining),
+                seed=turn_seed(params.seed, m["turns"]),
             )
             c = await engine.generate(prompt_ids + traj.completion_ids, p)
             traj.append(list(c.token_ids), sampled=True, logprobs=list(c.logprobs), version=c.version)

@@ -43,7 +43,8 @@ from seekrl.config import ConfigError, load_config  # noqa: E402
 from seekrl.data.loaders import load_tasks  # noqa: E402
 from seekrl.data.synthetic import make_world  # noqa: E402
 from seekrl.data.teacher import ScriptedTeacher  # noqa: E402
-from seekrl.generate import EndpointError, OpenAIChatEngine, _restore_stop, done_keys, generate_rows, run_episode  # noqa: E402
+from seekrl.generate import (  # noqa: E402
+    EndpointError, OpenAIChatEngine, _restore_stop, done_keys, generate_rows, run_episode)
 from seekrl.models import encode_chat  # noqa: E402
 from seekrl.retrieval.commands import build_index  # noqa: E402
 from seekrl.rewards import Rubric  # noqa: E402
@@ -249,8 +250,8 @@ def test_resume_cuts_a_torn_line_and_redoes_only_that_episode(tmp_path, tasks, s
     assert again["written"] == 1 and again["already_done"] == 19
     rows = _rows_in(out)
     keys = [(r["id"], r["sample"]) for r in rows]
-    assert len(rows) == 20 and len(set(keys)) == 20 and set(keys) == {(t.id, s) for t in some for s in range(2)}
-    assert (torn["id"], torn["sample"]) == keys[-1]
+    assert keys == [(t.id, s) for t in some for s in range(2)]  # all 20, back in task order
+    assert rows[keys.index((torn["id"], torn["sample"]))]["segments"] == torn["segments"]  # redone the same way
     before = out.read_bytes()
     third = run(n=2)
     assert third["written"] == 0 and third["already_done"] == 20 and out.read_bytes() == before
@@ -278,6 +279,35 @@ def test_min_reward_rejects_and_rerun_does_not_redo(tmp_path, tasks, search_exec
     c2 = run(1)  # another teacher would answer differently, but nothing is redone
     assert c2["written"] == c2["rejected"] == 0 and c2["already_done"] == len(some)
     assert (out.read_bytes(), rejected.read_bytes()) == before
+
+
+def test_the_rows_do_not_depend_on_concurrency_or_timing(tmp_path, tasks, search_executor):
+    """A flawed teacher whose turns finish in a random order: concurrency 1 and 6 write the same
+    bytes, in task order; the seed, not the schedule, decides each episode."""
+    import random
+
+    fmt, rubric, some = get_format("search_r1"), Rubric(["qa_em"]), tasks[:24]
+
+    class Jittery:
+        def __init__(self, seed: int = 0):
+            self.teacher, self.jitter = ScriptedTeacher(some, seed=seed, skip_search=0.5, stop_early=0.5, weak_query=0.5), random.Random()
+
+        async def chat(self, messages, **kw):
+            await asyncio.sleep(self.jitter.random() * 0.005)
+            return await self.teacher.chat(messages, **kw)
+
+    def run(out, concurrency, seed=0, teacher_seed=0):
+        asyncio.run(generate_rows(some, Jittery(teacher_seed), fmt, search_executor, rubric, out, n=2, concurrency=concurrency,
+                                  progress=False, seed=seed))
+        return out.read_bytes()
+
+    one = run(tmp_path / "c1.jsonl", 1)
+    assert run(tmp_path / "c6.jsonl", 6) == one
+    rows = _rows_in(tmp_path / "c1.jsonl")
+    assert [(r["id"], r["sample"]) for r in rows] == [(t.id, s) for t in some for s in range(2)]
+    # the two samples of a task are two draws, not one episode twice; another seed draws others
+    assert any(rows[i]["segments"] != rows[i + 1]["segments"] for i in range(0, len(rows), 2))
+    assert run(tmp_path / "s1.jsonl", 6, seed=1) != one and run(tmp_path / "t1.jsonl", 6, teacher_seed=1) != one
 
 
 def test_failed_episodes_are_not_written_and_are_redone(tmp_path, tasks, search_executor):
@@ -418,7 +448,8 @@ def test_503_then_success_is_retried_and_the_cut_stop_string_restored():
         async def go():
             engine = OpenAIChatEngine(url + "/v1", "m", "k", retries=2, backoff_s=0.01)
             try:
-                ep = await run_episode(TASK, engine, get_format("search_r1"), _executor(calls), max_turns=2, max_tokens=32, temperature=0.5)
+                ep = await run_episode(TASK, engine, get_format("search_r1"), _executor(calls), max_turns=2, max_tokens=32,
+                                       temperature=0.5, seed=41)
             finally:
                 await engine.aclose()
             return engine, ep
@@ -436,6 +467,7 @@ def test_503_then_success_is_retried_and_the_cut_stop_string_restored():
     # the loop sends the whole transcript: prompt, the restored turn, the observation as a user message
     assert body["messages"] == [*TASK.prompt, {"role": "assistant", "content": texts[0]}, {"role": "user", "content": texts[1]}]
     assert seen[1]["body"] == seen[0]["body"]  # the retry resends the same request
+    assert [s["body"]["seed"] for s in seen] == [41, 41, 42, 42]  # seed + turn, the same on a retry
 
 
 def test_a_4xx_is_not_retried_and_persistent_5xx_gives_up():
@@ -513,6 +545,7 @@ def test_dr_tulu_episode_through_an_openai_endpoint():
     assert ep["metrics"]["invalid_actions"] == 0 and ep["metrics"]["tool_calls"] == 1 and calls == ["capital of France"]
     assert ep["segments"][0]["text"] == '<call_tool name="search"> capital of France </call_tool>'
     assert ep["finish_reason"] == "answered" and seen[0]["body"]["stop"] == ["</call_tool>", "</answer>"]
+    assert all("seed" not in s["body"] for s in seen)  # no seed asked, none sent
 
 
 def test_run_episode_turn_budget_and_stop_strings():

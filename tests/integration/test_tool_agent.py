@@ -316,3 +316,54 @@ def test_tiny_model_end_to_end(tiny_tokenizer, tiny_model, fmt_name):
         obs = [i for i, m in zip(t.completion_ids, t.loss_mask) if m == 0]
         assert "Paris is the capital of France." in tiny_tokenizer.decode(obs)
         assert t.finish_reason in ("answered", "max_turns", "length")
+
+
+def test_seeded_rollouts_do_not_depend_on_batching_or_tool_latency(tiny_tokenizer, tiny_model):
+    """With `params.seed`, each episode and turn samples from its own seed: an engine that batches
+    2 requests at a time and tools that answer in a random order give the same tokens as one
+    batch of everything; the episodes of a group and two step seeds still differ."""
+    from seekrl.engines.local import LocalEngine
+    from seekrl.rollout import collect
+
+    jitter = random.Random()
+
+    @tool
+    async def search(query: str) -> str:
+        """Search."""
+        await asyncio.sleep(jitter.random() * 0.01)
+        return "Paris is the capital of France."
+
+    class FirstTurnCalls:
+        """The real engine samples every turn; the first turn of an episode asks a search, so every
+        episode has a tool turn (a random model never writes one)."""
+
+        def __init__(self, inner, prompt_len):
+            self.inner, self.prompt_len = inner, prompt_len
+
+        async def generate(self, prompt_ids, params):
+            c = await self.inner.generate(prompt_ids, params)
+            if len(prompt_ids) == self.prompt_len and c.token_ids and c.token_ids[0] % 2:
+                ids = tiny_tokenizer.encode("<search> France </search>", add_special_tokens=False)
+                c = Completion(ids, [0.0] * len(ids), "stop", c.version)
+            return c
+
+    wf = ToolAgentWorkflow(
+        tiny_tokenizer, SamplingParams(max_new_tokens=10), Rubric(["qa_em"]), get_format("search_r1"),
+        ToolExecutor(ToolRegistry([search])), max_turns=2, max_obs_tokens=64, max_total_tokens=160,
+    )
+    tasks = [TASK, Task(id="t1", prompt=[{"role": "user", "content": "Question: where is Paris?"}], answer="France")]
+
+    def rollout(batch_size: int, seed: int | None):
+        eng = FirstTurnCalls(LocalEngine(tiny_model, tiny_tokenizer, max_batch_size=batch_size, seed=batch_size),
+                             len(wf.prompt_ids(TASK)))
+        params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=seed)
+        groups = asyncio.run(collect(wf, eng, tasks, 4, params))
+        return [(t.completion_ids, t.loss_mask) for g in groups for t in g.trajectories]
+
+    one_batch = rollout(64, seed=7)
+    assert rollout(2, seed=7) == one_batch
+    assert sum(1 for ids, mask in one_batch if 0 in mask) >= 2  # tool turns were taken
+    assert len({tuple(ids) for ids, _ in one_batch}) > 4  # the 8 episodes are different draws
+    assert rollout(64, seed=8) != one_batch
+    # without a seed, the engine's own generator decides: its seed and its batches matter
+    assert rollout(64, seed=None) != rollout(2, seed=None)
