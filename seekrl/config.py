@@ -50,6 +50,10 @@ class ModelConfig:
     """Hidden size of the tiny random model (path: tiny)."""
     tiny_layers: int = 2
     """Layers of the tiny random model."""
+    tiny_heads: int = 4
+    """Attention heads of the tiny random model (tiny_hidden must be a multiple)."""
+    tiny_intermediate: int = 0
+    """MLP width of the tiny random model; 0 = 4 x tiny_hidden."""
     tiny_vocab: int = 128
     """Vocabulary size of the tokenizer trained for the tiny model."""
     max_context: int = 2048
@@ -598,3 +602,7 @@ def validate(cfg: Config) -> None:
     _check_model_path(m)
     if m.lora_r < 0:
         raise ConfigError(f"model.lora_r: must be >= 0, got {m.lora_r}")
+    if m.tiny_heads < 1 or m.tiny_hidden % m.tiny_heads:
+        raise ConfigError(f"model.tiny_heads: must divide model.tiny_hidden ({m.tiny_hidden}), got {m.tiny_heads}")
+    if m.tiny_intermediate < 0:
+        raise ConfigError(f"model.tiny_intermediate: must be >= 0 (0 = 4 x tiny_hidden), got {m.tiny_intermediate}")

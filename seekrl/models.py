@@ -239,6 +239,8 @@ def load_model(
     tiny_hidden: int = 64,
     tiny_layers: int = 2,
     tiny_vocab: int = 128,
+    tiny_heads: int = 4,
+    tiny_intermediate: int = 0,
     seed: int = 0,
 ):
     """Load `(model, tokenizer)`. See the module docstring for the accepted `path`s.
@@ -259,7 +261,8 @@ def load_model(
         if not tiny_texts:
             raise ValueError("model.path 'tiny' needs texts to train its tokenizer: pass tiny_texts (e.g. the task prompts and answers)")
         tokenizer = train_tiny_tokenizer(list(tiny_texts), vocab_size=tiny_vocab)
-        model = make_tiny_model(tokenizer, hidden_size=tiny_hidden, num_layers=tiny_layers, seed=seed)
+        model = make_tiny_model(tokenizer, hidden_size=tiny_hidden, num_layers=tiny_layers, num_heads=tiny_heads,
+                                intermediate_size=tiny_intermediate or None, seed=seed)
         model = model.to(torch_dtype)
     else:
         if path == "smollm2":

@@ -65,7 +65,7 @@ def build(cfg: Config) -> Components:
         m.path, gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
         gradient_checkpointing=m.gradient_checkpointing, lora_r=m.lora_r, lora_alpha=m.lora_alpha,
         lora_dropout=m.lora_dropout, tiny_texts=tasks.tiny_texts, tiny_hidden=m.tiny_hidden,
-        tiny_layers=m.tiny_layers, tiny_vocab=m.tiny_vocab, seed=cfg.train.seed,
+        tiny_layers=m.tiny_layers, tiny_vocab=m.tiny_vocab, tiny_heads=m.tiny_heads, tiny_intermediate=m.tiny_intermediate, seed=cfg.train.seed,
     )
     workflow = make_workflow(cfg, tokenizer, rubric)
     tasks.drop_long_prompts(workflow.prompt_ids, cfg.rollout.max_prompt_tokens)

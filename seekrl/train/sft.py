@@ -308,7 +308,7 @@ def sft(cfg: Config) -> Path:
         m.path, gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
         gradient_checkpointing=m.gradient_checkpointing, lora_r=m.lora_r, lora_alpha=m.lora_alpha,
         lora_dropout=m.lora_dropout, tiny_texts=tiny_texts, tiny_hidden=m.tiny_hidden,
-        tiny_layers=m.tiny_layers, tiny_vocab=m.tiny_vocab, seed=t.seed,
+        tiny_layers=m.tiny_layers, tiny_vocab=m.tiny_vocab, tiny_heads=m.tiny_heads, tiny_intermediate=m.tiny_intermediate, seed=t.seed,
     )
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id

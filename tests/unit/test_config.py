@@ -53,6 +53,8 @@ def test_parse_override_shapes():
         (["train.minibatches=3"], "train.minibatches (3) must divide rollout.batch_size (64)"),
         (["rollout.max_prompt_tokens=2000"], "exceeds model.max_context (2048)"),
         (["algo.dual_clip=0.5"], "algo.dual_clip: must be > 1"),
+        (["model.tiny_hidden=128", "model.tiny_heads=5"], "model.tiny_heads: must divide model.tiny_hidden (128), got 5"),
+        (["model.tiny_intermediate=-1"], "model.tiny_intermediate: must be >= 0"),
         (["algo.clip_low=1.2"], "algo.clip_low: must be in [0, 1)"),
         (["algo.loss_agg=mean"], "algo.loss_agg: 'mean' is not one of"),
         (["reward.weights=[1, 2]"], "reward.weights has 2 values for 1 reward.functions"),

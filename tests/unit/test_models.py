@@ -134,6 +134,9 @@ def test_load_model_tiny(tiny_texts, tiny_tokenizer, tiny_model):
     assert torch.equal(model.lm_head.weight, tiny_model.lm_head.weight)
     half, _ = load_model("tiny", tiny_texts=tiny_texts, dtype="bfloat16")
     assert next(half.parameters()).dtype == torch.bfloat16
+    shaped, _ = load_model("tiny", tiny_texts=tiny_texts, tiny_hidden=64, tiny_heads=8, tiny_intermediate=96)
+    assert (shaped.config.num_attention_heads, shaped.config.num_key_value_heads, shaped.config.intermediate_size) == (8, 8, 96)
+    assert shaped.model.layers[0].mlp.up_proj.weight.shape == (96, 64) and model.config.intermediate_size == 256
 
 
 @pytest.mark.parametrize(
