@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Search-R1 paper's ablations at small scale, from the SFT checkpoint of a finished
 # `make demo` (runs/demo): GRPO without observation masking, PPO instead of GRPO, and 3 retrieved
-# passages instead of 1. Each arm is `seekrl train` (100 steps, as the demo) then `seekrl eval`
+# passages instead of 1. Each arm is `seekrl train` (100 steps, as measured; the demo runs 60) then `seekrl eval`
 # on the 240 test questions; RESULTS.md has the figures.
 #   bash examples/demo_ablations.sh [runs/demo] [runs/ablations]
 set -euo pipefail
@@ -14,7 +14,7 @@ SFT=$DEMO/sft/checkpoints/step_600/model
 COMMON=(data.train="$DEMO/world/train.jsonl" data.eval="$DEMO/world/test.jsonl" tools.retriever="$DEMO/index" log.dir="$OUT")
 arm() {  # name, overrides...
   local name=$1; shift
-  "$SEEKRL" train "$CFG" "${COMMON[@]}" model.path="$SFT" log.name="$name" "$@"
+  "$SEEKRL" train "$CFG" "${COMMON[@]}" model.path="$SFT" log.name="$name" train.steps=100 train.save_every=25 "$@"
   "$SEEKRL" eval "$CFG" "${COMMON[@]}" model.path="$OUT/$name/checkpoints/step_100/model" log.name="$name" "$@"
 }
 arm no_mask rollout.mask_observations=false
