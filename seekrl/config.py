@@ -51,7 +51,7 @@ class ModelConfig:
     tiny_layers: int = 2
     """Layers of the tiny random model."""
     tiny_heads: int = 4
-    """Attention heads of the tiny random model (tiny_hidden must be a multiple)."""
+    """Attention heads of the tiny random model; must divide tiny_hidden."""
     tiny_intermediate: int = 0
     """MLP width of the tiny random model; 0 = 4 x tiny_hidden."""
     tiny_vocab: int = 128
