@@ -32,8 +32,9 @@ in either file and drops a torn last line. Engine errors are retried with backof
 rerun tries it again.
 
 Reproducible: every request carries a seed derived from `train.seed`, the task id, the sample
-and the turn (`seekrl.rollout.stable_seed`, as in RL rollouts). The scripted teacher draws its flaws from it; OpenAI-compatible
-servers that honour `seed` (seekrl serve policy, vLLM, SGLang) sample with it.
+and the turn (`seekrl.rollout.stable_seed`, as in RL rollouts). The scripted teacher draws its
+flaws from it; OpenAI-compatible servers that honour `seed` (seekrl serve policy, vLLM, SGLang)
+sample with it.
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ async def generate_rows(tasks: list[Task], engine: ChatEngine, fmt, executor, ru
 
         await asyncio.gather(*(one(t, s) for t, s in todo))
     bar.close()
-    order = {(t.id, s): i for i, (t, s) in enumerate((t, s) for t in tasks for s in range(n))}
+    order = {(str(t.id), s): i for i, (t, s) in enumerate((t, s) for t in tasks for s in range(n))}
     for path in (out, out.with_name(out.stem + ".rejected.jsonl")):
         _sort_rows(path, order)
     finished = counts["written"] + counts["rejected"]
