@@ -270,6 +270,8 @@ class GenerateConfig:
     """Scripted teacher: probability of guessing after a missed search instead of searching again."""
     teacher_quote: bool = False
     """Scripted teacher: after a paragraph it needs comes back, first quote the sentence stating the fact in `<think>`."""
+    teacher_overconfident_kinds: list[str] | None = None
+    """Scripted teacher: question kinds (meta kind, e.g. [1hop, 2hop]) whose relations it may be overconfident about; none: all."""
 
 
 @dataclass

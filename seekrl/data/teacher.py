@@ -12,7 +12,7 @@ and turn), the question and the turn number, so an episode does not depend on wh
 episodes ran before it or alongside it):
 
 - `skip_search`: overconfident: for the relations it believes it knows (a seeded half of them,
-  `overconfident_relations`), it answers at once, without searching, with a guess (a
+  or of those of `overconfident_kinds` when given, `overconfident_relations`), it answers at once, without searching, with a guess (a
   comparison: one of the two names at random; otherwise the answer of another task with the
   same last relation). Systematic, as a real model's blind spots are: when the probability is
   above 1/2 a student copies the habit even at greedy decoding;
@@ -72,6 +72,7 @@ class ScriptedTeacher:
         give_up: float = 0.5,
         max_turns: int = 4,
         quote: bool = False,
+        overconfident_kinds=None,
     ):
         if fmt not in ("search_r1", "dr_tulu"):
             raise ValueError(f"the scripted teacher writes search_r1 or dr_tulu turns, not '{fmt}'")
@@ -86,7 +87,10 @@ class ScriptedTeacher:
         self.by_relation: dict[str, list[str]] = {}
         for t in tasks:
             self.by_relation.setdefault(self._relation(t), []).append(self._first(t.answer))
-        relations = sorted(self.by_relation)
+        relations = sorted(r for r in self.by_relation if overconfident_kinds is None or r.split(":")[0] in overconfident_kinds)
+        if overconfident_kinds is not None and not relations:
+            kinds = sorted({r.split(":")[0] for r in self.by_relation})
+            raise ValueError(f"teacher overconfident_kinds {list(overconfident_kinds)} match no task; the tasks' kinds are {kinds}")
         self.overconfident_relations = set(random.Random(f"teacher-relations-{seed}").sample(relations, len(relations) // 2))
 
     # ---- helpers ------------------------------------------------------------------------------

@@ -170,6 +170,22 @@ def test_skip_search_only_on_the_overconfident_relations(world, index):
     assert wrong_guesses and sum(wrong_guesses) >= 0.9 * len(wrong_guesses)  # another task's answer: wrong
 
 
+def test_overconfident_kinds_limit_the_relations_it_skips_search_on(world):
+    """With `overconfident_kinds`, the seeded half is drawn from those kinds' relations only;
+    without it, from all of them (the default split is unchanged)."""
+    kinds = {"1hop", "2hop"}
+    relations = sorted({relation(t) for t in world.train if t.meta["kind"] in kinds})
+    for seed in range(4):
+        only = ScriptedTeacher(world.train, seed=seed, overconfident_kinds=sorted(kinds)).overconfident_relations
+        assert only <= set(relations) and len(only) == len(relations) // 2
+        assert not any(r.startswith("comparison:") for r in only)
+        default = ScriptedTeacher(world.train, seed=seed).overconfident_relations
+        assert default == ScriptedTeacher(world.train, seed=seed, overconfident_kinds=None).overconfident_relations
+    assert any(r.startswith("comparison:") for s in range(6) for r in ScriptedTeacher(world.train, seed=s).overconfident_relations)
+    with pytest.raises(ValueError, match="match no task; the tasks' kinds are"):
+        ScriptedTeacher(world.train, overconfident_kinds=["3hop"])
+
+
 def test_stop_early_answers_multi_hop_questions_after_one_search(world, index):
     _, results = play(world, index, **{**PERFECT, "stop_early": 1.0})
     multi = [(t, ep, r) for t, ep, r in results if t.meta["kind"] != "1hop"]
