@@ -27,7 +27,7 @@ from seekrl.algo.advantages import AdaptiveKLController, FixedKLController, zero
 from seekrl.config import Config
 from seekrl.engines.local import LocalEngine
 from seekrl.evaluate import evaluate
-from seekrl.models import load_model, make_value_model
+from seekrl.models import make_value_model
 from seekrl.observe.loggers import RunLogger
 from seekrl.observe.progress import Progress
 from seekrl.observe.samples import write_trajectories
@@ -36,7 +36,7 @@ from seekrl.rollout import collect, stable_seed
 from seekrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seekrl.train.estimate import estimate_advantages
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
-from seekrl.train.setup import TaskSets, build_rubric, load_task_sets, make_workflow, prepare_run_dir, sampling_params
+from seekrl.train.setup import TaskSets, build_rubric, load_policy, load_task_sets, make_workflow, prepare_run_dir, sampling_params
 
 
 @dataclass
@@ -61,12 +61,7 @@ def build(cfg: Config) -> Components:
     run_dir = prepare_run_dir(cfg)
     seed_everything(cfg.train.seed)
     m = cfg.model
-    model, tokenizer = load_model(
-        m.path, gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
-        gradient_checkpointing=m.gradient_checkpointing, lora_r=m.lora_r, lora_alpha=m.lora_alpha,
-        lora_dropout=m.lora_dropout, tiny_texts=tasks.tiny_texts, tiny_hidden=m.tiny_hidden,
-        tiny_layers=m.tiny_layers, tiny_vocab=m.tiny_vocab, tiny_heads=m.tiny_heads, tiny_intermediate=m.tiny_intermediate, seed=cfg.train.seed,
-    )
+    model, tokenizer = load_policy(cfg, tasks.tiny_texts)
     workflow = make_workflow(cfg, tokenizer, rubric)
     tasks.drop_long_prompts(workflow.prompt_ids, cfg.rollout.max_prompt_tokens)
     engine = LocalEngine(model, tokenizer, max_batch_size=cfg.rollout.engine_batch_size, seed=cfg.train.seed)

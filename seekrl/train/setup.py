@@ -158,6 +158,20 @@ def make_tool_executor(cfg: Config):
     return ToolExecutor(registry)
 
 
+def load_policy(cfg: Config, tiny_texts: list[str] | None = None):
+    """`(model, tokenizer)` as `cfg.model` describes them (`models.load_model`), seeded by
+    train.seed; `tiny_texts` train the tokenizer of `model.path=tiny`. RL, SFT and eval call this."""
+    from seekrl.models import load_model
+
+    m = cfg.model
+    return load_model(
+        m.path, gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
+        gradient_checkpointing=m.gradient_checkpointing, lora_r=m.lora_r, lora_alpha=m.lora_alpha,
+        lora_dropout=m.lora_dropout, tiny_texts=tiny_texts, tiny_hidden=m.tiny_hidden, tiny_layers=m.tiny_layers,
+        tiny_vocab=m.tiny_vocab, tiny_heads=m.tiny_heads, tiny_intermediate=m.tiny_intermediate, seed=cfg.train.seed,
+    )
+
+
 def sampling_params(cfg: Config, tokenizer, temperature: float | None = None, seed: int | None = None) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(

@@ -28,7 +28,7 @@ its sequences divided by their number, whatever the micro-batching: each token-b
 micro-batch (`plan_micro_batches`) adds its sum / the step's total (tested against one batch).
 The LM head runs only at positions that predict assistant tokens.
 
-Config keys used: model.* (load_model; `model.path=tiny` trains the tokenizer on the rows'
+Config keys used: model.* (setup.load_policy; `model.path=tiny` trains the tokenizer on the rows'
 texts), model.max_context (longer conversations are dropped and counted), data.train (chat
 file), data.eval (optional chat file: `eval/loss` before training, every eval.every steps and
 at the end), data.max_train / data.max_eval / data.shuffle, rollout.batch_size (conversations
@@ -55,13 +55,13 @@ from seekrl.config import Config
 from seekrl.data.converters import DataError
 from seekrl.data.iterator import TaskIterator
 from seekrl.data.loaders import read_rows
-from seekrl.models import encode_chat, load_model
+from seekrl.models import encode_chat
 from seekrl.observe.loggers import RunLogger
 from seekrl.observe.progress import Progress
 from seekrl.train.batching import plan_micro_batches
 from seekrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seekrl.train.policy import make_optimizer
-from seekrl.train.setup import prepare_run_dir
+from seekrl.train.setup import load_policy, prepare_run_dir
 
 __all__ = ["ChatTemplateError", "tokenize_chat", "tokenize_segments", "tokenize_text", "load_sft_rows", "sft_loss_sums", "step_loss", "eval_loss", "sft"]
 
@@ -304,12 +304,7 @@ def sft(cfg: Config) -> Path:
         tiny_texts += [seg["text"] for c in convs if isinstance(c, dict) for seg in c["segments"]]
         tiny_texts += [c for c in convs if isinstance(c, str)]
         tiny_texts.append(string.printable)  # RL inserts tool output that may hold any printable character
-    model, tokenizer = load_model(
-        m.path, gguf_file=m.gguf_file, dtype=m.dtype, device=m.device,
-        gradient_checkpointing=m.gradient_checkpointing, lora_r=m.lora_r, lora_alpha=m.lora_alpha,
-        lora_dropout=m.lora_dropout, tiny_texts=tiny_texts, tiny_hidden=m.tiny_hidden,
-        tiny_layers=m.tiny_layers, tiny_vocab=m.tiny_vocab, tiny_heads=m.tiny_heads, tiny_intermediate=m.tiny_intermediate, seed=t.seed,
-    )
+    model, tokenizer = load_policy(cfg, tiny_texts)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id
     train_ex = _tokenize_all(tokenizer, train_convs, m.max_context, "data.train")
