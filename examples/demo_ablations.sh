@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Search-R1 paper's ablations at small scale, from the SFT checkpoint of a finished
-# `make demo` (runs/demo): GRPO without observation masking, PPO instead of GRPO, and 3 retrieved
-# passages instead of 1. Each arm is `seekrl train` (100 steps, as measured; the demo runs 60) then `seekrl eval`
-# on the 240 test questions; RESULTS.md has the figures.
+# `make demo` (runs/demo): GRPO as in the demo (the baseline), GRPO without observation masking,
+# PPO instead of GRPO, and 3 retrieved passages instead of 1. Each arm is `seekrl train` (100 steps,
+# as measured; the demo runs 60) then `seekrl eval` on the 240 test questions; RESULTS.md has the figures.
 #   bash examples/demo_ablations.sh [runs/demo] [runs/ablations]
 set -euo pipefail
 DEMO=${1:-runs/demo}
@@ -17,6 +17,7 @@ arm() {  # name, overrides...
   "$SEEKRL" train "$CFG" "${COMMON[@]}" model.path="$SFT" log.name="$name" train.steps=100 train.save_every=25 "$@"
   "$SEEKRL" eval "$CFG" "${COMMON[@]}" model.path="$OUT/$name/checkpoints/step_100/model" log.name="$name" "$@"
 }
+arm grpo
 arm no_mask rollout.mask_observations=false
 arm ppo algo.name=ppo train.critic_lr=1e-3
 arm topk3 tools.topk=3
