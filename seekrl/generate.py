@@ -286,9 +286,13 @@ def generate(cfg) -> dict:
     if g.endpoint == "teacher":
         from seekrl.data.teacher import ScriptedTeacher
 
-        engine = ScriptedTeacher(tasks, cfg.tools.format, seed=cfg.train.seed, skip_search=g.teacher_skip_search, stop_early=g.teacher_stop_early,
-                                 weak_query=g.teacher_weak_query, give_up=g.teacher_give_up, max_turns=cfg.rollout.max_turns,
-                                 quote=g.teacher_quote, overconfident_kinds=g.teacher_overconfident_kinds)
+        try:  # the probabilities are validated with the config; the kinds need the tasks
+            engine = ScriptedTeacher(tasks, cfg.tools.format, seed=cfg.train.seed, skip_search=g.teacher_skip_search,
+                                     stop_early=g.teacher_stop_early, weak_query=g.teacher_weak_query, give_up=g.teacher_give_up,
+                                     max_turns=cfg.rollout.max_turns, quote=g.teacher_quote,
+                                     overconfident_kinds=g.teacher_overconfident_kinds)
+        except ValueError as e:
+            raise ConfigError(f"generate.teacher_{e}") from e
     else:
         key = os.environ.get(g.api_key_env) if g.api_key_env else None
         engine = OpenAIChatEngine(g.endpoint, g.model, key, timeout_s=g.timeout_s, retries=g.retries, concurrency=g.concurrency)

@@ -12,9 +12,9 @@ and turn), the question and the turn number, so an episode does not depend on wh
 episodes ran before it or alongside it):
 
 - `skip_search`: overconfident: for the relations it believes it knows (a seeded half of them,
-  or of those of `overconfident_kinds` when given, `overconfident_relations`), it answers at once, without searching, with a guess (a
-  comparison: one of the two names at random; otherwise the answer of another task with the
-  same last relation). Systematic, as a real model's blind spots are: when the probability is
+  or of those of the question kinds `overconfident_kinds` when given: `overconfident_relations`),
+  it answers at once, without searching, with a guess (a comparison: one of the two names at
+  random; otherwise the answer of another task with the same last relation). Systematic, as a real model's blind spots are: when the probability is
   above 1/2 a student copies the habit even at greedy decoding;
 - `stop_early`: on questions that need several paragraphs, answers with a guess after the
   first one came back;
@@ -90,7 +90,7 @@ class ScriptedTeacher:
         relations = sorted(r for r in self.by_relation if overconfident_kinds is None or r.split(":")[0] in overconfident_kinds)
         if overconfident_kinds is not None and not relations:
             kinds = sorted({r.split(":")[0] for r in self.by_relation})
-            raise ValueError(f"teacher overconfident_kinds {list(overconfident_kinds)} match no task; the tasks' kinds are {kinds}")
+            raise ValueError(f"overconfident_kinds {list(overconfident_kinds)} match no task; the tasks' kinds are {kinds} (or none: all)")
         self.overconfident_relations = set(random.Random(f"teacher-relations-{seed}").sample(relations, len(relations) // 2))
 
     # ---- helpers ------------------------------------------------------------------------------

@@ -622,3 +622,9 @@ def test_generate_cli_config_errors_exit_2(world_dir, tmp_path, capsys):
     out = tmp_path / "x.jsonl"
     assert main(["generate", str(world_dir / "gen.yaml"), *paths(world_dir), "tools.format=hermes", f"generate.out={out}"]) == 2
     assert "search_r1 or dr_tulu" in capsys.readouterr().err and not out.exists()
+    # the teacher's kinds are checked against the tasks, before any episode: one line naming the key
+    assert main(["generate", str(world_dir / "gen.yaml"), *paths(world_dir), f"generate.out={out}",
+                 "generate.teacher_overconfident_kinds=[3hop]"]) == 2
+    err = capsys.readouterr().err
+    assert "generate.teacher_overconfident_kinds ['3hop'] match no task; the tasks' kinds are ['1hop', '2hop', 'comparison']" in err
+    assert "Traceback" not in err and not out.exists()
