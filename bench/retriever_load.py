@@ -5,7 +5,7 @@ with rank-bm25 (BM25Okapi) and bm25s called in-process on the same corpus and qu
     python bench/retriever_load.py --concurrency 1 4 16 --batch 16 --requests 1000 --seconds 20
 
 Setup: a BM25 index (bm25s, stemmed) over the 14,903 HotpotQA dev paragraphs is saved to a
-temporary folder and served by `seekrl.retrieval.server.serve` (one uvicorn worker) in a child
+temporary folder and served by `seekrl.servers.retrieval.serve` (one uvicorn worker) in a child
 process on 127.0.0.1; the client is this process (httpx.AsyncClient, C concurrent tasks, one
 keep-alive connection each). Queries: HotpotQA dev questions, cycled; topk=3.
 Rows:
@@ -123,7 +123,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         index.save(tmp)
         port = free_port()
-        code = f"from seekrl.retrieval.server import serve; serve({tmp!r}, port={port})"
+        code = f"from seekrl.servers.retrieval import serve; serve({tmp!r}, port={port})"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         proc = subprocess.Popen([sys.executable, "-c", code], env=env, **quiet)

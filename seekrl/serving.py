@@ -1,33 +1,34 @@
-"""What every seekrl server shares: the bearer token, bounded JSON bodies, readable errors.
+"""Old home of the servers' shared checks; they live in seekrl/servers/guards.py now.
 
-The retrieval server (retrieval/server.py), the policy server (serve_policy.py) and the MCP
-server (tools/mcp_server.py) all bind 127.0.0.1 by default, take an optional bearer token (from
-the command line or an environment variable, so the secret can stay out of argv), and bound
-what a request may send. The checks live here once; each server maps `HTTPError` to its own
-response shape (Search-R1's `{"detail"}`, OpenAI's `{"error": {...}}`).
+Kept so `from seekrl.serving import ...` still works. `expected_authorization` / `check_bearer` /
+`read_json_body` are the old function-style API over the same checks a `Guard` makes (the
+bearer scheme is case-insensitive now, and bodies get the depth / surrogate checks).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import secrets
 from typing import Any
 
-from pydantic import ValidationError
+from seekrl.servers.guards import (
+    LOOPBACK,
+    Guard,
+    HTTPError,
+    check_port,
+    check_token,
+    resolve_token,
+    validation_message,
+)
 
-log = logging.getLogger(__name__)
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-class HTTPError(Exception):
-    """A request to refuse: status, a one-line message naming the problem, the offending field."""
-
-    def __init__(self, status: int, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+__all__ = [
+    "LOOPBACK",
+    "HTTPError",
+    "expected_authorization",
+    "check_bearer",
+    "read_json_body",
+    "validation_message",
+    "resolve_token",
+    "check_port",
+]
 
 
 def expected_authorization(token: str | None) -> bytes | None:
@@ -36,47 +37,10 @@ def expected_authorization(token: str | None) -> bytes | None:
 
 
 def check_bearer(headers, expected: bytes | None) -> None:
-    """Raise 401 unless the request carries the expected bearer token (constant-time compare)."""
-    if expected is None:
-        return
-    given = headers.get("authorization", "").encode()
-    if not given:
-        raise HTTPError(401, "missing bearer token: send the header 'Authorization: Bearer <token>'")
-    if not secrets.compare_digest(given, expected):
-        raise HTTPError(401, "invalid bearer token")
+    """Raise 401 unless `headers` carry the bearer token of `expected` (from expected_authorization)."""
+    check_token(headers, expected.decode().partition(" ")[2] if expected else None)
 
 
 async def read_json_body(request, max_body_bytes: int) -> Any:
-    """The request's JSON body, refused with 413 past `max_body_bytes` (the declared length first,
-    then the bytes actually received, so chunked uploads are bounded too) or 400 if not JSON."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-        raise HTTPError(413, f"request body of {declared} bytes is over the limit of {max_body_bytes} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_body_bytes:
-            raise HTTPError(413, f"request body is over the limit of {max_body_bytes} bytes")
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HTTPError(400, f"request body is not valid JSON: {e}") from None
-
-
-def validation_message(err: ValidationError) -> str:
-    """A pydantic error as one line: 'invalid request: queries.0: Input should be a valid string'."""
-    parts = [f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}" for e in err.errors()]
-    return "invalid request: " + "; ".join(parts)
-
-
-def resolve_token(token: str | None, env_var: str, host: str, what: str) -> str | None:
-    """The token to require: the given one, else `$env_var`; warn when serving beyond loopback without one."""
-    token = token or os.environ.get(env_var) or None
-    if host not in LOOPBACK and not token:
-        log.warning("serving %s on %s without a token; set --token or $%s", what, host, env_var)
-    return token
-
-
-def check_port(port: int) -> None:
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must be in 0..65535, got {port}")
+    """The request's JSON body: 413 past `max_body_bytes`, 400 if not JSON (no auth check)."""
+    return await Guard(max_body_bytes=max_body_bytes).json_body(request)

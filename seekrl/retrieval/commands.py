@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from seekrl.retrieval.corpus import Document, hotpotqa_corpus, read_corpus, twowiki_corpus
-from seekrl.serving import check_port, resolve_token
+from seekrl.servers.guards import check_port, resolve_token
 
 __all__ = ["build_index", "serve_retriever", "load_corpus_arg", "BUILTIN_CORPORA", "TOKEN_ENV"]
 
@@ -78,6 +78,6 @@ def serve_retriever(index: str, host: str = "127.0.0.1", port: int = 8000, token
         raise ValueError(f"{index!r} is not an index folder (no meta.json); build one with `seekrl index build`")
     check_port(port)
     token = resolve_token(token, TOKEN_ENV, host, "the retriever")
-    from seekrl.retrieval.server import serve
+    from seekrl.servers.retrieval import serve
 
     serve(index, host=host, port=port, token=token)

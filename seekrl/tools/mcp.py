@@ -1,7 +1,7 @@
 """The tools of any MCP server as seekrl Tools.
 
     tools = await load_mcp_tools("http://127.0.0.1:8001/mcp", token="...")       # streamable HTTP
-    tools = await load_mcp_tools("python -m seekrl.tools.mcp_server --index DIR --stdio")  # stdio
+    tools = await load_mcp_tools("python -m seekrl.servers.mcp --index DIR --stdio")  # stdio
     executor = ToolExecutor(ToolRegistry(tools))
 
 `server` is a streamable-HTTP URL (http:// or https://) or a stdio command line, split with

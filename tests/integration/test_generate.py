@@ -349,7 +349,7 @@ def policy_server(tmp_path_factory, tasks):
     """(base URL, app) of the policy app over a tiny random model saved to a folder and loaded back."""
     from seekrl.engines.local import LocalEngine
     from seekrl.models import load_model, make_tiny_model, save_tiny, train_tiny_tokenizer
-    from seekrl.serve_policy import make_app
+    from seekrl.servers.policy import make_app
 
     folder = tmp_path_factory.mktemp("policy") / "model"
     texts = [t.prompt[-1]["content"] for t in tasks] + [string.printable, INVALID_SEARCH_R1, "<search> </search> <answer> </answer>"]
@@ -393,7 +393,7 @@ def test_wrong_token_exits_with_one_error_line_and_no_rows(policy_server, world_
     url, app = policy_server
     monkeypatch.setenv("SEEKRL_TEST_GEN_KEY", "not-the-token")
     out = tmp_path / "none.jsonl"
-    before = app.state.stats["requests"]
+    before = app.state.stats["generations"]
     rc = generate_via(url, world_dir, out, "data.max_train=3", "rollout.max_new_tokens=8",
                       "rollout.batch_size=4")  # load_task_sets wants batch_size / group_size <= the tasks
     err = capsys.readouterr().err
@@ -401,7 +401,7 @@ def test_wrong_token_exits_with_one_error_line_and_no_rows(policy_server, world_
     errors = [line for line in err.splitlines() if line.startswith("seekrl: error:")]
     assert len(errors) == 1 and errors[0] == err.strip().splitlines()[-1]
     assert "every episode failed" in errors[0] and "HTTP 401" in errors[0]
-    assert read_rows(out) == [] and app.state.stats["requests"] == before
+    assert read_rows(out) == [] and app.state.stats["generations"] == before
     assert json.loads(err.strip().splitlines()[-2])["failed"] == 3
 
 

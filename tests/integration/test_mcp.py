@@ -1,7 +1,7 @@
 """MCP tools over real servers on 127.0.0.1: seekrl's search server and the MCP client tools.
 
 A tiny BM25 index is served over streamable HTTP by `make_mcp_server` in a uvicorn thread (no
-token) and by `python -m seekrl.tools.mcp_server` in a subprocess (token from $SEEKRL_MCP_TOKEN),
+token) and by `python -m seekrl.servers.mcp` in a subprocess (token from $SEEKRL_MCP_TOKEN),
 and over stdio by the same command with --stdio. The tools go through `ToolExecutor` and a
 DR Tulu episode of `ToolAgentWorkflow` with a scripted engine.
 """
@@ -27,7 +27,7 @@ from seekrl.retrieval.corpus import Document  # noqa: E402
 from seekrl.rewards.rubric import Rubric  # noqa: E402
 from seekrl.tools import EpisodeToolState, ToolCall, ToolExecutor, ToolPolicy, ToolRegistry, get_format  # noqa: E402
 from seekrl.tools.mcp import MCPConnection, MCPConnectionError, load_mcp_tools  # noqa: E402
-from seekrl.tools.mcp_server import TOKEN_ENV, make_mcp_server  # noqa: E402
+from seekrl.servers.mcp import TOKEN_ENV, make_mcp_server  # noqa: E402
 from seekrl.tools.search import format_passages  # noqa: E402
 from seekrl.types import Completion, SamplingParams, Task  # noqa: E402
 from seekrl.workflows.tool_agent import ToolAgentWorkflow  # noqa: E402
@@ -76,10 +76,10 @@ def url(index_dir):
 
 @pytest.fixture(scope="module")
 def token_url(index_dir):
-    """`python -m seekrl.tools.mcp_server` over HTTP in a subprocess, token from the environment."""
+    """`python -m seekrl.servers.mcp` over HTTP in a subprocess, token from the environment."""
     port = free_port()
     env = {**os.environ, TOKEN_ENV: TOKEN}
-    cmd = [sys.executable, "-m", "seekrl.tools.mcp_server", "--index", str(index_dir), "--port", str(port), "--topk", "1"]
+    cmd = [sys.executable, "-m", "seekrl.servers.mcp", "--index", str(index_dir), "--port", str(port), "--topk", "1"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
     try:
         _wait_port(port, lambda: proc.poll() is None)
@@ -195,7 +195,7 @@ def test_unreachable_server_is_one_clear_line():
 
 
 def test_stdio_transport(index_dir):
-    cmd = f"python -m seekrl.tools.mcp_server --index {index_dir} --stdio --topk 1"
+    cmd = f"python -m seekrl.servers.mcp --index {index_dir} --stdio --topk 1"
 
     async def main():
         (search,) = await load_mcp_tools(cmd)

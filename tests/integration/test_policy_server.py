@@ -18,7 +18,7 @@ import uvicorn  # noqa: E402
 
 from seekrl.engines.local import LocalEngine  # noqa: E402
 from seekrl.models import encode_chat  # noqa: E402
-from seekrl.serve_policy import TOKEN_ENV, main, make_app, serve_policy  # noqa: E402
+from seekrl.servers.policy import TOKEN_ENV, main, make_app, serve_policy  # noqa: E402
 from live_server import LiveServer, free_port  # noqa: E402
 
 TOKEN = "secret"
@@ -150,8 +150,9 @@ def test_errors_over_http(server):
     assert r.status_code == 400 and "token ids" in r.json()["detail"]
     r = _post(server, "/v1/completions", {"prompt": "", "max_tokens": 2})
     assert r.status_code == 400
-    health = httpx.get(f"{server}/health", timeout=30).json()
-    assert health["status"] == "ok" and health["model"] == "tiny-policy" and health["requests"] >= 1
+    assert httpx.get(f"{server}/health", timeout=30).json() == {"status": "ok"}
+    info = httpx.get(f"{server}/server_info", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).json()
+    assert info["model"] == "tiny-policy" and info["stats"]["generations"] >= 1 and info["stats"]["rejected"] >= 8
 
 
 def test_serve_policy_loads_and_reads_token_env(tmp_path, monkeypatch, tiny_model, tiny_tokenizer):

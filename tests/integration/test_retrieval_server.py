@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx")
 from seekrl.retrieval.bm25 import BM25Index  # noqa: E402
 from seekrl.retrieval.corpus import Document  # noqa: E402
 from seekrl.retrieval.retriever import HTTPRetriever, LocalRetriever, RetrieverError  # noqa: E402
-from seekrl.retrieval.server import make_app  # noqa: E402
+from seekrl.servers.retrieval import make_app  # noqa: E402
 from live_server import LiveServer, free_port  # noqa: E402
 
 TOKEN = "s3cret-token"
@@ -60,9 +60,12 @@ def open_server(index):
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def test_health(server):
+def test_health_and_server_info(server):
     r = httpx.get(server + "/health")
-    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["documents"] == len(DOCS)
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert httpx.get(server + "/server_info").status_code == 401
+    info = httpx.get(server + "/server_info", headers=AUTH).json()
+    assert info["documents"] == len(DOCS) and info["limits"]["max_topk"] == 5 and "requests" in info["stats"]
 
 
 def test_retrieve_with_scores_matches_search_r1_shape(server, index):
@@ -217,7 +220,7 @@ def test_search_failure_is_a_500_and_counted():
     with LiveServer(make_app(Broken())) as url:
         r = httpx.post(url + "/retrieve", json={"queries": ["x"]})
         assert r.status_code == 500 and r.json()["detail"] == "retrieval failed: RuntimeError: index on fire"
-        health = httpx.get(url + "/health").json()
-        assert health["errors"] == 1 and health["documents"] is None
+        info = httpx.get(url + "/server_info").json()
+        assert info["stats"]["errors"] == 1 and info["documents"] is None
     with pytest.raises(TypeError, match="needs a Retriever"):
         make_app(object())
