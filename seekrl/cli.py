@@ -9,6 +9,7 @@
     seekrl serve retriever --index runs/index/hotpotqa_bm25 --port 8000 [--token T]
     seekrl serve mcp --index runs/index/hotpotqa_bm25 --port 8001
     seekrl serve policy --model runs/x/checkpoints/step_3/model --port 8002
+    seekrl serve engine --model runs/x/checkpoints/step_3/model --port 30000   # SGLang's native RL API
     seekrl config examples/tiny_grpo.yaml          # print the resolved config
     seekrl config --reference                      # every key with its docstring
     seekrl report runs/tiny_grpo [--out PATH]      # HTML report + PNG plots + trajectories page
@@ -30,6 +31,21 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from seekrl.config import SECTIONS, Config, ConfigError, field_docs, load_config
+
+
+def engine_server_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of `seekrl serve engine` (also `python -m seekrl.servers.engine`)."""
+    p.add_argument("--model", required=True, help="model folder (safetensors + config.json), 'tiny', 'smollm2' or a .gguf file")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--token", default=None, help="require this bearer token (default: the variable named by --token-env)")
+    p.add_argument("--token-env", default="SEEKRL_ENGINE_TOKEN", help="environment variable holding the token (default: SEEKRL_ENGINE_TOKEN)")
+    p.add_argument("--max-batch-size", type=int, default=64, help="most sequences sampled in one batch")
+    p.add_argument("--seed", type=int, default=0, help="seed of the engine's sampler (requests with sampling_seed use their own)")
+    p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body, in MB")
+    p.add_argument("--max-prompts-per-request", type=int, default=256, help="more prompts in one /generate is a 413")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,13 +74,16 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True, help="index folder to write")
     b.add_argument("--kind", choices=("bm25", "dense"), default="bm25")
     b.add_argument("--dense-kind", choices=("flat", "hnsw"), default="flat", help="faiss index for --kind dense")
-    sv = sub.add_parser("serve", help="serve a retriever (Search-R1 /retrieve API) or local search as an MCP server")
+    sv = sub.add_parser("serve", help="serve an engine (SGLang's RL API), a policy (OpenAI API), a retriever or MCP search")
     svs = sv.add_subparsers(dest="serve_command", metavar="WHAT", required=True)
+    engine_server_flags(svs.add_parser("engine", help="SGLang's native RL API (/generate, /update_weights_from_disk, pause/continue, abort) over a model"))
     pol = svs.add_parser("policy", help="an OpenAI-compatible /v1/chat/completions and /v1/completions server over a model")
     pol.add_argument("--model", required=True, help="model folder (e.g. a checkpoint's model/), .gguf file, or smollm2")
     pol.add_argument("--host", default="127.0.0.1")
     pol.add_argument("--port", type=int, default=8002)
     pol.add_argument("--token", default=None, help="require this bearer token (default: $SEEKRL_POLICY_TOKEN)")
+    pol.add_argument("--max-prompts-per-request", type=int, default=64, help="more prompts in one request is a 413")
+    pol.add_argument("--max-completions-per-request", type=int, default=256, help="more prompts x n in one request is a 400")
     for name, port, text in (("retriever", 8000, "POST /retrieve, GET /health"), ("mcp", 8001, "an MCP server with a search tool")):
         q = svs.add_parser(name, help=text)
         q.add_argument("--index", required=True, help="index folder (seekrl index build)")
@@ -102,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         _parser().print_help()
         return 0
     from seekrl.data.converters import DataError
+    from seekrl.engines.errors import EngineRequestError, EngineUnavailable
 
     try:
         if args.command == "index":
@@ -110,16 +130,22 @@ def main(argv: list[str] | None = None) -> int:
             build_index(args.corpus, args.out, kind=args.kind, dense_kind=args.dense_kind)
             return 0
         if args.command == "serve":
-            if args.serve_command == "policy":
-                from seekrl.serve_policy import serve_policy
+            if args.serve_command == "engine":
+                from seekrl.servers.engine import run_from_args
 
-                serve_policy(args.model, host=args.host, port=args.port, token=args.token)
+                run_from_args(args)
+            elif args.serve_command == "policy":
+                from seekrl.servers.policy import serve_policy
+
+                serve_policy(args.model, host=args.host, port=args.port, token=args.token,
+                             max_prompts_per_request=args.max_prompts_per_request,
+                             max_completions_per_request=args.max_completions_per_request)
             elif args.serve_command == "retriever":
                 from seekrl.retrieval.commands import serve_retriever
 
                 serve_retriever(args.index, host=args.host, port=args.port, token=args.token)
             else:
-                from seekrl.tools.mcp_server import serve_mcp
+                from seekrl.servers.mcp import serve_mcp
 
                 serve_mcp(args.index, host=args.host, port=args.port, token=args.token, transport="stdio" if args.stdio else "http")
             return 0
@@ -169,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         print(f"seekrl: error: {e}", file=sys.stderr)
         return 2
+    except (EngineUnavailable, EngineRequestError) as e:  # a dead or misconfigured engine server
+        print(f"seekrl: error: {e}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError) as e:
         if args.command not in ("index", "serve"):  # bad input to those is reported; elsewhere a bug shows its traceback
             raise

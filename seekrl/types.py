@@ -35,6 +35,8 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     stop: tuple[str, ...] = ()  # stop strings; the stop string itself is kept in the output
     seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()  # extra token ids that end the completion (kept, like EOS)
+    ignore_eos: bool = False  # keep sampling past EOS (benchmarks; SGLang's ignore_eos)
 
 
 @dataclass
@@ -44,7 +46,12 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (EOS or stop string) | "length" | "abort"
-    version: int  # policy version that sampled them
+    version: int  # policy version that sampled the first token
+    versions: list[int] | None = None  # per-token versions when a weight update fell inside the call; None: all `version`
+
+    def token_versions(self) -> list[int]:
+        """The policy version of each sampled token."""
+        return list(self.versions) if self.versions is not None else [self.version] * len(self.token_ids)
 
 
 @dataclass
@@ -71,15 +78,21 @@ class Trajectory:
                 f"logprobs ({len(self.logprobs)}) and versions ({len(self.versions)}) must have equal length"
             )
 
-    def append(self, ids: list[int], *, sampled: bool, logprobs: list[float] | None = None, version: int = -1) -> None:
-        """Append one segment, writing its mask at the moment it is appended (Habit 4)."""
+    def append(self, ids: list[int], *, sampled: bool, logprobs: list[float] | None = None, version: int | list[int] = -1) -> None:
+        """Append one segment, writing its mask at the moment it is appended (Habit 4). `version` is
+        the policy version of the sampled tokens: one for all, or one per token (`Completion.token_versions`)."""
         self.completion_ids.extend(ids)
         if sampled:
             if logprobs is None or len(logprobs) != len(ids):
                 raise ValueError("a sampled segment needs one log-prob per token")
             self.loss_mask.extend([1] * len(ids))
             self.logprobs.extend(logprobs)
-            self.versions.extend([version] * len(ids))
+            if isinstance(version, int):
+                self.versions.extend([version] * len(ids))
+            elif len(version) == len(ids):
+                self.versions.extend(int(v) for v in version)
+            else:
+                raise ValueError("a sampled segment needs one version, or one per token")
         else:
             self.loss_mask.extend([0] * len(ids))
             self.logprobs.extend([0.0] * len(ids))

@@ -23,10 +23,27 @@ Log-prob semantics
     weights the importance ratio is 1 up to numerical noise.
 
 Versions
-    `version` is the policy version whose weights sample the next tokens; every Completion is
-    stamped with it. `update_weights(source, version)` installs new weights (an `nn.Module` or a
-    folder of *.safetensors) and sets `version`; it never runs while a batch is generating.
-    `pause()` holds new batches back (the batch in flight finishes); `resume()` lets them run.
+    `version` is the policy version whose weights sample the next tokens. Every sampled token is
+    stamped with the version of the weights that computed its logits: `Completion.version` is the
+    first token's, `Completion.versions` lists one per token when a call spans a weight update
+    (else None; `Completion.token_versions()` gives the list either way).
+    `update_weights(source, version)` installs new weights (an `nn.Module` or a folder of
+    *.safetensors) and sets `version`. It waits for the batch in flight, unless the engine is
+    paused in place, when it swaps the weights under the parked batch.
+
+Control
+    `pause(mode)` holds new requests back until `resume()`: "hold" lets the batch in flight
+    finish; "abort" ends every request in flight with its tokens so far (finish "abort");
+    "retract" stops the batch in flight and requeues its requests with their tokens so far
+    (after `resume()` they are prefilled again and continue); "in_place" parks the batch in
+    flight between two steps. (RemoteEngine.pause holds new requests in the client; the servers
+    are paused by its `update_weights`.) `generate(..., rid=...)` names a request (LocalEngine.abort(rid) ends it);
+    cancelling the awaiting caller drops its request.
+
+Run state
+    `metrics()` gives counters for the run's metrics (`engine/...`), `state_dict()` /
+    `load_state_dict()` what a checkpoint keeps (the version, a local sampler's state), `close()`
+    releases what the engine holds (the servers a run started).
 """
 
 from __future__ import annotations
@@ -45,10 +62,18 @@ class InferenceEngine(Protocol):
 
     version: int
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion: ...
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, rid: str | None = None) -> Completion: ...
 
     async def update_weights(self, source: torch.nn.Module | str | os.PathLike, version: int) -> None: ...
 
-    def pause(self) -> None: ...
+    def pause(self, mode: str = "hold") -> None: ...
 
     def resume(self) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def close(self) -> None: ...

@@ -12,6 +12,18 @@ Rows may carry different temperature / top-p / top-k / max_new_tokens / stop str
 rows are dropped from the batch (`index_select` on the cache) once at least
 `compact_fraction` of the batch is done, otherwise they ride along and their outputs are ignored.
 
+Pausing, aborting, versions: `pause("hold")` holds new batches back while the batch in flight
+finishes; `pause("abort")` also ends every queued and running request at its next step with the
+tokens sampled so far (finish_reason "abort"); `pause("in_place")` parks the running batch between
+two decode steps, so `update_weights` can swap the weights under it, and `resume()` continues it
+with the new weights (over a KV cache the old weights computed); `pause("retract")` ends the
+batch in flight at its next step and puts its requests back in the queue with the tokens sampled
+so far, so that after `resume()` their prompt + those tokens are prefilled again under the new
+weights and they continue (same seeded draws as an uncut request; one Completion in the end). Each sampled token is stamped with the version of the weights whose forward
+pass produced its logits (`Completion.versions` when a call spans an update). `abort(rid)` ends one
+request (or all); a caller whose `await generate(...)` is cancelled has its row dropped at the next
+step, so a disconnected HTTP client stops costing compute.
+
 Sampling is an inverse-CDF draw (one uniform per row, `searchsorted` in the cumulative
 probabilities: exact, and far cheaper on CPU than `torch.multinomial` for large vocabularies)
 from one engine-level `torch.Generator`, so runs are reproducible given the same sequence of
@@ -24,8 +36,10 @@ Run the tests: `python -m pytest tests/integration/test_local_engine.py -q`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import glob
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -34,11 +48,25 @@ import torch
 from seekrl.types import Completion, SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)
 class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: asyncio.Future
+    rid: str | None = None
+    aborted: bool = False  # set on the event loop's thread, read by the sampling thread at each step
+    done: Completion | None = None  # what a retracted request sampled before it was put back in the queue
+    gen_state: torch.Tensor | None = None  # its seeded generator at that point, so the rest draws as if uncut
+
+    def remaining(self) -> tuple[list[int], SamplingParams]:
+        """The prompt and params that continue this request (after a retract: prompt + tokens so far)."""
+        if self.done is None:
+            return self.prompt_ids, self.params
+        n = len(self.done.token_ids)
+        return self.prompt_ids + self.done.token_ids, dataclasses.replace(self.params, max_new_tokens=self.params.max_new_tokens - n)
+
+
+PAUSE_MODES = ("hold", "abort", "in_place", "retract")
 
 
 def _as_id_set(*values) -> set[int]:
@@ -92,7 +120,16 @@ class LocalEngine:
             if backend is not None
             else (lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
         )
-        self.stats = {"batches": 0, "requests": 0, "tokens": 0, "forward_steps": 0, "prefill_tokens": 0, "seconds": 0.0}
+        self.stats = {
+            "batches": 0, "requests": 0, "tokens": 0, "forward_steps": 0, "prefill_tokens": 0, "seconds": 0.0, "aborted": 0,
+        }
+        self._live: set[_Request] = set()  # queued or running requests, for abort()
+        self._go = threading.Event()  # cleared by pause("in_place"): the sampling thread parks between steps
+        self._go.set()
+        self._parked = threading.Event()  # set while the sampling thread is parked
+        self._busy = False  # a batch is being sampled (or about to be)
+        self._retract = False  # set by pause("retract"): the batch in flight ends at its next step
+        self._closed = False
         self._paused = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue | None = None
@@ -102,39 +139,97 @@ class LocalEngine:
 
     # ----------------------------------------------------------------------------- public API
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        """Sample one completion; concurrent calls are batched together (see module docstring)."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, rid: str | None = None) -> Completion:
+        """Sample one completion; concurrent calls are batched together (see module docstring).
+        `rid` names the request for `abort(rid)`; cancelling the await drops the request."""
         if not prompt_ids:
             raise ValueError("generate: prompt_ids is empty")
         if params.max_new_tokens <= 0:
             return Completion([], [], "length", self.version)
         loop = self._ensure_started()
-        future = loop.create_future()
-        self._queue.put_nowait(_Request([int(i) for i in prompt_ids], params, future))
-        return await future
+        req = _Request([int(i) for i in prompt_ids], params, loop.create_future(), rid)
+        self._live.add(req)
+        self._queue.put_nowait(req)
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            req.aborted = True  # a running batch drops the row at its next step
+            raise
+        finally:
+            self._live.discard(req)
+
+    def abort(self, rid: str | None = None) -> int:
+        """End the request named `rid` (every request when None) at its next step; it returns the
+        tokens sampled so far with finish_reason "abort". Returns how many requests were marked."""
+        marked = [r for r in self._live if (rid is None or r.rid == rid) and not r.aborted]
+        for r in marked:
+            r.aborted = True
+        return len(marked)
 
     async def update_weights(self, source: torch.nn.Module | str | os.PathLike, version: int) -> None:
         """Install `source`'s weights (a module, or a folder / file of *.safetensors); set `version`.
 
         When `source` is this engine's own model (shared weights, the in-process default) only
         the version changes. Waits for the batch in flight; never runs during generation.
+        Under `pause("in_place")` it waits until the batch in flight is parked between two steps
+        and swaps the weights under it; the rest of that batch samples with them after `resume()`.
         """
         self._ensure_started()
+        if not self._go.is_set():
+            await self._wait_parked()
+            if source is not self.model:
+                await asyncio.to_thread(self._load_weights, source)
+            self.version = int(version)
+            return
         async with self._lock:
             if source is not self.model:
                 await asyncio.to_thread(self._load_weights, source)
             self.version = int(version)
 
-    def pause(self) -> None:
-        """New batches wait until `resume()`; the batch in flight finishes. Call on the loop's thread."""
+    def pause(self, mode: str = "hold") -> None:
+        """Hold new batches back until `resume()`. "hold": the batch in flight finishes; "abort":
+        every queued and running request ends now with its tokens so far (finish "abort");
+        "in_place": the batch in flight parks between two steps; "retract": the batch in flight
+        stops at its next step and its requests wait in the queue with their tokens so far.
+        Call on the loop's thread."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
         self._paused = True
         if self._unpaused is not None:
             self._unpaused.clear()
+        if mode == "abort":
+            self.abort()
+        elif mode == "in_place":
+            self._go.clear()
+        elif mode == "retract":
+            self._retract = True
 
     def resume(self) -> None:
         self._paused = False
+        self._retract = False
+        self._go.set()
         if self._unpaused is not None:
             self._unpaused.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def close(self) -> None:
+        """Release a parked sampling thread for good (the process is ending)."""
+        self._closed = True
+        self._go.set()
+
+    async def _wait_parked(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._busy and not self._parked.is_set():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the batch in flight did not park within {timeout_s:.0f} s")
+            await asyncio.sleep(0.002)
+
+    def metrics(self) -> dict[str, float]:
+        """Counters for the run's metrics (none: the in-process engine has no servers to lose)."""
+        return {}
 
     def state_dict(self) -> dict:
         """The version and the sampling generator's state (a uint8 tensor), for checkpoints."""
@@ -142,7 +237,9 @@ class LocalEngine:
 
     def load_state_dict(self, state: dict) -> None:
         self.version = int(state["version"])
-        gen = state["generator"]
+        gen = state.get("generator")
+        if gen is None:  # a checkpoint of a run that sampled on remote servers
+            return
         gen = gen if isinstance(gen, torch.Tensor) else torch.tensor(list(gen), dtype=torch.uint8)
         self.generator.set_state(gen.to(dtype=torch.uint8, device="cpu"))
 
@@ -169,28 +266,53 @@ class LocalEngine:
                 pending.append(await self._queue.get())
             for _ in range(3):  # let every caller of the same gather (and their sub-awaits) enqueue
                 await asyncio.sleep(0)
-            while not self._queue.empty():
-                pending.append(self._queue.get_nowait())
-            await self._unpaused.wait()
-            while not self._queue.empty():  # requests that arrived while paused
-                pending.append(self._queue.get_nowait())
-            pending = [r for r in pending if not r.future.done()]  # drop cancelled callers
+            while True:  # while paused, requests wait here; those aborted meanwhile are answered
+                while not self._queue.empty():
+                    pending.append(self._queue.get_nowait())
+                pending = self._drop_finished(pending)
+                if self._unpaused.is_set() or not pending:
+                    break
+                try:
+                    await asyncio.wait_for(self._unpaused.wait(), 0.05)
+                except asyncio.TimeoutError:
+                    pass
             if not pending:
                 continue
             batch, pending = pending[: self.max_batch_size], pending[self.max_batch_size :]
-            async with self._lock:
-                version = self.version
-                try:
-                    results = await asyncio.to_thread(self._generate_batch, batch)
-                except Exception as e:  # surface the error to every caller of the batch
-                    for r in batch:
-                        if not r.future.done():
-                            r.future.set_exception(e)
-                    continue
+            self._busy = True
+            try:
+                async with self._lock:
+                    try:
+                        results = await asyncio.to_thread(self._generate_batch, batch)
+                    except Exception as e:  # surface the error to every caller of the batch
+                        for r in batch:
+                            if not r.future.done():
+                                r.future.set_exception(e)
+                        continue
+            finally:
+                self._busy = False
             for r, c in zip(batch, results):
-                c.version = version
-                if not r.future.done():
+                if r.future.done():
+                    continue
+                c = _joined(r.done, c)
+                if c.finish_reason == "retract":  # back to the queue, ahead of newer requests
+                    r.done, c.finish_reason = c, "abort"
+                    pending.insert(0, r)
+                else:
                     r.future.set_result(c)
+
+    def _drop_finished(self, pending: list[_Request]) -> list[_Request]:
+        """Forget cancelled callers; answer requests aborted while queued (nothing sampled)."""
+        keep = []
+        for r in pending:
+            if r.future.done():
+                continue
+            if r.aborted:
+                self.stats["aborted"] += 1
+                r.future.set_result(r.done or Completion([], [], "abort", self.version))
+            else:
+                keep.append(r)
+        return keep
 
     # ----------------------------------------------------------------------------- sampling
 
@@ -200,7 +322,8 @@ class LocalEngine:
         self.model.eval()
         try:
             with torch.inference_mode():
-                out = self._sample([r.prompt_ids for r in batch], [r.params for r in batch])
+                todo = [r.remaining() for r in batch]
+                out = self._sample([p for p, _ in todo], [sp for _, sp in todo], batch)
         finally:
             self.model.train(was_training)
         self.stats["batches"] += 1
@@ -208,8 +331,18 @@ class LocalEngine:
         self.stats["seconds"] += time.perf_counter() - t0
         return out
 
-    def _sample(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Completion]:
-        """Sample all rows to completion. Row index `i` is the request; `j` its place in the batch."""
+    def _checkpoint(self) -> int:
+        """Between two forward passes: park while paused in place; return the weights' version."""
+        if not self._go.is_set():
+            self._parked.set()
+            while not self._go.wait(0.05) and not self._closed:
+                pass
+            self._parked.clear()
+        return self.version
+
+    def _sample(self, prompts: list[list[int]], params: list[SamplingParams], reqs: list[_Request] | None = None) -> list[Completion]:
+        """Sample all rows to completion. Row index `i` is the request; `j` its place in the batch.
+        `reqs` (optional) are the requests, whose `aborted` flag ends a row at the next step."""
         dev, B = self.device, len(prompts)
         lens = [len(p) for p in prompts]
         # The G samples of a task share their prompt: prefill each distinct prompt once and
@@ -228,23 +361,29 @@ class LocalEngine:
         max_new = [p.max_new_tokens for p in params]
         stops = [tuple(s for s in p.stop if s) for p in params]
         windows = [max((len(s) for s in st), default=0) + 4 for st in stops]
+        prefix = [list(r.done.token_ids[-64:]) if r.done is not None else [] for r in reqs] if reqs else [[]] * B
+        enders = [set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids) for p in params]
         row_gens: dict[int, torch.Generator] = {}
         for i, p in enumerate(params):
             if p.seed is not None and p.temperature > 0:
                 row_gens[i] = torch.Generator(device=dev)
                 row_gens[i].manual_seed(int(p.seed))
+                if reqs is not None and reqs[i].gen_state is not None:  # a retracted request goes on drawing
+                    row_gens[i].set_state(reqs[i].gen_state)
 
         rows = list(range(B))  # request index of each batch row
         sampler = _RowSampler(params, rows, dev)
         next_pos_b1 = torch.tensor(lens, dtype=torch.long, device=dev)[:, None]
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
+        vers: list[list[int]] = [[] for _ in range(B)]
         reasons: list[str | None] = [None] * B
         n_done_in_batch = 0
 
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
+        fwd_version = self._checkpoint()
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask_bL,
@@ -261,17 +400,31 @@ class LocalEngine:
             cache.reorder_cache(row_u_t)
             logits_bV, mask_bL = logits_bV[row_u_t], mask_bL[row_u_t]
         for step in range(max(max_new)):
+            retract = self._retract and reqs is not None  # read once per step (set from another thread)
+            gen_before = {i: g.get_state() for i, g in row_gens.items()} if retract else {}
             tok_b, lp_b = sampler.pick(logits_bV, self.generator, row_gens)
             host = torch.stack([tok_b.double(), lp_b.double()]).tolist()  # the one sync per step
             for j, i in enumerate(rows):
                 if reasons[i] is not None:
                     continue
+                if reqs is not None and reqs[i].aborted:
+                    reasons[i] = "abort"
+                    n_done_in_batch += 1
+                    continue
+                if retract:
+                    reasons[i] = "retract"
+                    if i in row_gens:  # the draw of this step is not used: rewind it
+                        row_gens[i].set_state(gen_before[i])
+                        reqs[i].gen_state = gen_before[i]
+                    n_done_in_batch += 1
+                    continue
                 tok = int(host[0][j])
                 tokens[i].append(tok)
                 logps[i].append(host[1][j])
-                if tok in self.eos_ids:
+                vers[i].append(fwd_version)
+                if tok in enders[i]:
                     reasons[i] = "stop"
-                elif stops[i] and any(s in self._decode(tokens[i][-windows[i] :]) for s in stops[i]):
+                elif stops[i] and any(s in self._decode((prefix[i] + tokens[i])[-windows[i] :]) for s in stops[i]):
                     reasons[i] = "stop"
                 elif step + 1 >= max_new[i]:
                     reasons[i] = "length"
@@ -288,6 +441,7 @@ class LocalEngine:
                 sampler = _RowSampler(params, rows, dev)
                 n_done_in_batch = 0
             mask_bL = torch.cat([mask_bL, mask_bL.new_ones(len(rows), 1)], dim=1)
+            fwd_version = self._checkpoint()
             out = self.model(
                 input_ids=tok_b[:, None],
                 attention_mask=mask_bL,
@@ -299,7 +453,8 @@ class LocalEngine:
             next_pos_b1 = next_pos_b1 + 1
             self.stats["forward_steps"] += 1
         self.stats["tokens"] += sum(len(t) for t in tokens)
-        return [Completion(tokens[i], logps[i], reasons[i] or "length", self.version) for i in range(B)]
+        self.stats["aborted"] += sum(r == "abort" for r in reasons)
+        return [_completion(tokens[i], logps[i], reasons[i] or "length", vers[i], fwd_version) for i in range(B)]
 
     # ----------------------------------------------------------------------------- weights
 
@@ -334,6 +489,22 @@ class LocalEngine:
                 raise ValueError(f"update_weights: '{k}' has shape {tuple(v.shape)} in {where}, {tuple(own[k].shape)} in the engine's model")
         with torch.no_grad():
             self.model.load_state_dict(state, strict=False)
+
+
+def _joined(before: Completion | None, after: Completion) -> Completion:
+    """A retracted request's tokens so far, then what it sampled after it was put back."""
+    if before is None:
+        return after
+    vers = before.token_versions() + after.token_versions()
+    tokens, logps = before.token_ids + after.token_ids, before.logprobs + after.logprobs
+    return _completion(tokens, logps, after.finish_reason, vers, after.version)
+
+
+def _completion(tokens: list[int], logps: list[float], reason: str, vers: list[int], current: int) -> Completion:
+    """A Completion stamped with its first token's version; per-token versions only when they differ."""
+    version = vers[0] if vers else current
+    spans = None if all(v == version for v in vers) else vers
+    return Completion(tokens, logps, reason, version, spans)
 
 
 class _RowSampler:

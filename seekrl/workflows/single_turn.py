@@ -36,7 +36,7 @@ class SingleTurnWorkflow:
         trajs = []
         for c in completions:
             t = Trajectory(task=task, prompt_ids=prompt_ids, completion_ids=[], loss_mask=[], logprobs=[], versions=[])
-            t.append(c.token_ids, sampled=True, logprobs=c.logprobs, version=c.version)
+            t.append(c.token_ids, sampled=True, logprobs=c.logprobs, version=c.token_versions())
             t.text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
             t.finish_reason = "length" if c.finish_reason == "length" else "answered"
             t.metrics = {"response_len": float(len(c.token_ids)), "truncated": float(c.finish_reason == "length")}

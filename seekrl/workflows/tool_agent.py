@@ -162,7 +162,7 @@ class ToolAgentWorkflow:
                 seed=turn_seed(params.seed, m["turns"]),
             )
             c = await engine.generate(prompt_ids + traj.completion_ids, p)
-            traj.append(list(c.token_ids), sampled=True, logprobs=list(c.logprobs), version=c.version)
+            traj.append(list(c.token_ids), sampled=True, logprobs=list(c.logprobs), version=c.token_versions())
             m["turns"] += 1
             sampled += len(c.token_ids)
             if c.finish_reason == "abort":
