@@ -2,7 +2,7 @@
 
     seekrl train examples/tiny_grpo.yaml algo.name=ppo train.steps=50
 
-Every field has a docstring (the string literal under it); `seekrl config-help` prints them and
+Every field has a docstring (the string literal under it); `seekrl config --reference` prints them and
 README.md's reference table is made from them. Validation runs before any model loads: an
 unknown key (with a did-you-mean), a wrong type or an inconsistent value raises `ConfigError`,
 which the CLI prints as one line and exits with status 2. This module holds the schema, parsing
@@ -114,6 +114,38 @@ class RolloutConfig:
     """Tokens after the prompt per episode, sampled and inserted together (with tools.format)."""
     mask_observations: bool = True
     """Mask inserted tool output out of the loss; false is Search-R1's ablation (old log-probs are then recomputed)."""
+
+
+@dataclass
+class EngineConfig:
+    kind: str = "local"
+    """Where tokens are sampled: local (in the training process, LocalEngine) | remote (inference servers over HTTP: engine.urls or engine.servers)."""
+    api: str = "sglang"
+    """Wire protocol of the servers: sglang (SGLang's native /generate, spoken by `seekrl serve engine` and stock SGLang) | vllm (vLLM's OpenAI server with its RL dev endpoints)."""
+    urls: list[str] = field(default_factory=list)
+    """Servers that already run (http://host:port); setting it implies kind: remote. Weight folders are passed by path: the servers must see the run folder."""
+    servers: int = 0
+    """N > 0: start N servers on free loopback ports for this run (the kind engine.server_kind says), stop them when it ends; implies kind: remote."""
+    server_kind: str = "auto"
+    """What engine.servers starts: auto (seekrl's own `seekrl serve engine` for api sglang, vLLM for api vllm) | seekrl | sglang | vllm."""
+    server_args: list[str] = field(default_factory=list)
+    """Extra command-line flags for each started server (e.g. [--gpu-memory-utilization, '0.5'])."""
+    gpus_per_server: int = 0
+    """GPUs given to each started server through CUDA_VISIBLE_DEVICES (server i gets GPUs i*n .. i*n+n-1); 0: no restriction."""
+    weight_sync: str = "disk"
+    """How new weights reach the servers: disk (an atomically written safetensors folder, then pause -> update_weights_from_disk -> continue) | nccl (GPU broadcast; SGLang / vLLM servers only)."""
+    timeout_s: float = 300.0
+    """Timeout of one request to a server, in seconds; a server past it counts as failed."""
+    startup_timeout_s: float = 600.0
+    """How long started servers may take to answer /health, in seconds."""
+    max_concurrent: int = 256
+    """Requests in flight per server; more wait in the client."""
+    token: str | None = None
+    """Bearer token of the servers (prefer engine.token_env: configs are saved with the run)."""
+    token_env: str | None = None
+    """Environment variable holding the servers' bearer token (started servers get it too)."""
+    keep_weights: int = 2
+    """Weight folders kept in <run>/engine/weights (older ones are removed after each sync)."""
 
 
 @dataclass
@@ -327,6 +359,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -344,7 +377,7 @@ class Config:
 
 
 SECTIONS: dict[str, type] = {
-    "model": ModelConfig, "data": DataConfig, "rollout": RolloutConfig, "tools": ToolsConfig, "reward": RewardConfig,
+    "model": ModelConfig, "data": DataConfig, "rollout": RolloutConfig, "engine": EngineConfig, "tools": ToolsConfig, "reward": RewardConfig,
     "algo": AlgoConfig, "train": TrainConfig, "eval": EvalConfig, "generate": GenerateConfig,
     "demo": DemoConfig, "log": LogConfig,
 }

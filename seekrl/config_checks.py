@@ -8,7 +8,7 @@ from pathlib import Path
 
 from seekrl.config import ALGOS, LOSS_AGGS, Config, ConfigError, ModelConfig, _did_you_mean
 
-__all__ = ["validate"]
+__all__ = ["validate", "server_kind"]
 
 
 def _choice(key: str, value: str, options) -> None:
@@ -56,6 +56,48 @@ def _check_tools(cfg: Config) -> None:
             f"rollout.max_prompt_tokens + rollout.max_total_tokens = {r.max_prompt_tokens + r.max_total_tokens} "
             f"exceeds model.max_context ({m.max_context}); lower one or raise model.max_context"
         )
+
+
+def _check_engine(cfg: Config) -> None:
+    """engine.*: urls or servers imply remote; remote needs one of them; nccl needs CUDA and SGLang / vLLM."""
+    e, r = cfg.engine, cfg.rollout
+    _choice("engine.kind", e.kind, ("local", "remote"))
+    _choice("engine.api", e.api, ("sglang", "vllm"))
+    _choice("engine.server_kind", e.server_kind, ("auto", "seekrl", "sglang", "vllm"))
+    _choice("engine.weight_sync", e.weight_sync, ("disk", "nccl"))
+    if e.servers < 0 or e.gpus_per_server < 0:
+        raise ConfigError(f"engine.servers and engine.gpus_per_server must be >= 0, got {e.servers} and {e.gpus_per_server}")
+    if e.urls and e.servers:
+        raise ConfigError("engine.urls and engine.servers are both set; give servers that run (urls) or a number to start (servers)")
+    bad = [u for u in e.urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ConfigError(f"engine.urls: '{bad[0]}' is not an http(s) URL (e.g. http://127.0.0.1:30000)")
+    if e.urls or e.servers:
+        e.kind = "remote"
+    if e.kind == "remote" and not (e.urls or e.servers):
+        raise ConfigError("engine.kind=remote needs engine.urls (servers that run) or engine.servers=N (servers to start)")
+    if e.timeout_s <= 0 or e.startup_timeout_s <= 0 or e.max_concurrent < 1 or e.keep_weights < 1:
+        raise ConfigError("engine.timeout_s and engine.startup_timeout_s must be > 0, engine.max_concurrent and engine.keep_weights >= 1")
+    kind = server_kind(cfg)
+    if e.api == "vllm" and kind in ("seekrl", "sglang") or e.api == "sglang" and kind == "vllm":
+        raise ConfigError(f"engine.server_kind={kind} does not speak engine.api={e.api}; use api "
+                          f"{'vllm' if kind == 'vllm' else 'sglang'} or server_kind auto")
+    if e.weight_sync == "nccl":
+        raise ConfigError("engine.weight_sync=nccl is not available yet (the SGLang / vLLM request builders exist, the trainer-side "
+                          "broadcast does not); use engine.weight_sync=disk")
+    if e.kind == "remote" and e.api == "vllm" and (r.top_p < 1 or r.top_k > 0):
+        raise ConfigError("engine.api=vllm returns log-probs after top-p / top-k filtering, which the trainer cannot "
+                          "reproduce; set rollout.top_p=1 and rollout.top_k=0 (or use engine.api=sglang)")
+    if e.token and e.token_env:
+        raise ConfigError("engine.token and engine.token_env are both set; keep one (token_env keeps the secret out of the saved config)")
+
+
+def server_kind(cfg: Config) -> str:
+    """What `engine.servers` starts: engine.server_kind, with auto resolved from engine.api."""
+    e = cfg.engine
+    if e.server_kind != "auto":
+        return e.server_kind
+    return "vllm" if e.api == "vllm" else "seekrl"
 
 
 def validate(cfg: Config) -> None:
@@ -113,6 +155,7 @@ def validate(cfg: Config) -> None:
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p: must be in (0, 1], got {r.top_p}")
     _check_tools(cfg)
+    _check_engine(cfg)
     g = cfg.generate
     if g.n < 1 or g.concurrency < 1 or g.retries < 0:
         raise ConfigError("generate.n and generate.concurrency must be at least 1, generate.retries at least 0")

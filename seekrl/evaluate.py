@@ -212,11 +212,17 @@ def eval_config(cfg) -> dict[str, float]:
         raise ConfigError("data.eval is not set; name the tasks to evaluate (e.g. data.eval=gsm8k:test)")
     # runs/<name>/eval/: next to the training run's files, never over its config.yaml
     cfg.log.dir, cfg.log.name = str(Path(cfg.log.dir) / (cfg.log.name or "run")), "eval"
-    comp = build(cfg)
-    params = sampling_params(cfg, comp.tokenizer, temperature=cfg.eval.temperature,  # as train.rl.run_eval
-                             seed=stable_seed(cfg.train.seed, "eval"))
-    metrics, groups = asyncio.run(evaluate(comp.workflow, comp.engine, comp.tasks.eval, cfg.eval.n, params,
-                                           comp.workflow.rubric.names[0], progress=cfg.log.progress))
+    from seekrl.engines.launch import terminate_as_exit
+
+    with terminate_as_exit():
+        comp = build(cfg)
+        try:
+            params = sampling_params(cfg, comp.tokenizer, temperature=cfg.eval.temperature,  # as train.rl.run_eval
+                                     seed=stable_seed(cfg.train.seed, "eval"))
+            metrics, groups = asyncio.run(evaluate(comp.workflow, comp.engine, comp.tasks.eval, cfg.eval.n, params,
+                                                   comp.workflow.rubric.names[0], progress=cfg.log.progress))
+        finally:
+            comp.engine.close()
     json_path, md_path = write_eval(metrics, comp.run_dir)
     samples = comp.run_dir / "trajectories.jsonl"
     write_trajectories(samples, groups, comp.tokenizer)  # every sample, to read the failures

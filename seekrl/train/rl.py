@@ -25,7 +25,9 @@ import torch
 
 from seekrl.algo.advantages import AdaptiveKLController, FixedKLController, zero_std_group_mask
 from seekrl.config import Config
-from seekrl.engines.local import LocalEngine
+from seekrl.engines.base import InferenceEngine
+from seekrl.engines.launch import terminate_as_exit
+from seekrl.engines.setup import make_engine
 from seekrl.evaluate import evaluate
 from seekrl.models import make_value_model
 from seekrl.observe.loggers import RunLogger
@@ -46,7 +48,7 @@ class Components:
     tasks: TaskSets
     model: torch.nn.Module
     tokenizer: object
-    engine: LocalEngine
+    engine: InferenceEngine  # LocalEngine, or RemoteEngine on servers (engine.kind=remote)
     workflow: object  # SingleTurnWorkflow | ToolAgentWorkflow: `async run(task, engine, n, params)`
     trainer: PolicyTrainer
     critic: CriticTrainer | None
@@ -64,7 +66,7 @@ def build(cfg: Config) -> Components:
     model, tokenizer = load_policy(cfg, tasks.tiny_texts)
     workflow = make_workflow(cfg, tokenizer, rubric)
     tasks.drop_long_prompts(workflow.prompt_ids, cfg.rollout.max_prompt_tokens)
-    engine = LocalEngine(model, tokenizer, max_batch_size=cfg.rollout.engine_batch_size, seed=cfg.train.seed)
+    engine = make_engine(cfg, model, tokenizer, run_dir)  # engine.servers=N starts them here
     a = cfg.algo
     ref_model = None
     if a.kl_coef > 0 and m.lora_r == 0:
@@ -81,6 +83,7 @@ def build(cfg: Config) -> Components:
     unmasked = cfg.tools.format is not None and not cfg.rollout.mask_observations
     reuse = cfg.train.recompute_logprobs == "never" or (
         cfg.train.recompute_logprobs == "auto" and next(model.parameters()).dtype == torch.float32 and not unmasked
+        and getattr(engine, "exact_logprobs", True)  # remote: only seekrl's fp32 servers on the same weights
     )
     return Components(cfg, run_dir, tasks, model, tokenizer, engine, workflow, trainer, critic, kl_ctl, reuse)
 
@@ -92,13 +95,21 @@ def seed_everything(seed: int) -> None:
 
 
 def train(cfg: Config) -> Path:
-    """Run (or resume) the RL loop described by `cfg`; return the run folder."""
-    return asyncio.run(_train(build(cfg)))
+    """Run (or resume) the RL loop described by `cfg`; return the run folder. Engine servers the
+    run started are stopped when it ends: normally, on an error, on Ctrl-C and on SIGTERM."""
+    with terminate_as_exit():
+        c = build(cfg)
+        try:
+            return asyncio.run(_train(c))
+        finally:
+            c.engine.close()
 
 
 async def _train(c: Components) -> Path:
     cfg = c.cfg
     start = resume(c)
+    if start:  # a remote engine still holds the initial weights: send it the resumed ones
+        await c.engine.update_weights(c.model, start)
     logger = RunLogger(
         c.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
         config=cfg.to_dict(), resume_step=start if start > 0 else None,
@@ -175,6 +186,7 @@ async def rl_step(c: Components, step: int) -> dict[str, float]:
     out["time/step_s"] = time.perf_counter() - t0
     out["tokens/sampled"] = float(sum(t.num_sampled for t in trajs)) if trajs else 0.0
     out["epoch"] = float(c.tasks.iterator.epoch)
+    out.update(c.engine.metrics())  # engine/server_failures, ... (remote engines)
     return out
 
 
@@ -206,11 +218,19 @@ def _sched_state(sched) -> dict:
     return {k: v for k, v in sched.state_dict().items() if k != "lr_lambdas"}
 
 
+def _engine_state(engine) -> dict:
+    """The engine's state as JSON: the version, and a local engine's sampler state as a list."""
+    state = dict(engine.state_dict())
+    if isinstance(state.get("generator"), torch.Tensor):
+        state["generator"] = state["generator"].tolist()
+    return state
+
+
 def checkpoint(c: Components, step: int) -> Path:
     state = {
         "step": step,
         "data": c.tasks.iterator.state_dict(),
-        "engine": {**c.engine.state_dict(), "generator": c.engine.state_dict()["generator"].tolist()},
+        "engine": _engine_state(c.engine),
         "kl_ctl": c.kl_ctl.state_dict(),
         "trainer_gen": c.trainer.gen.get_state().tolist(),
         "critic_gen": c.critic.gen.get_state().tolist() if c.critic else None,

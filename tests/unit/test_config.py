@@ -115,3 +115,33 @@ def test_model_path_forms(tmp_path):
         load_config(None, [f"model.path={tmp_path / 'm'}"])
     (tmp_path / "m" / "config.json").write_text("{}")
     assert load_config(None, [f"model.path={tmp_path / 'm'}"]).model.path == str(tmp_path / "m")
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["engine.kind=remote"], "engine.urls"),
+    (["engine.kind=remot"], "engine.kind"),
+    (["engine.api=trt"], "engine.api"),
+    (["engine.urls=[127.0.0.1:30000]"], "http(s) URL"),
+    (["engine.urls=[http://a:1]", "engine.servers=2"], "both set"),
+    (["engine.servers=-1"], "engine.servers"),
+    (["engine.servers=1", "engine.timeout_s=0"], "engine.timeout_s"),
+    (["engine.servers=1", "engine.api=vllm", "engine.server_kind=seekrl"], "does not speak"),
+    (["engine.servers=1", "engine.api=vllm", "rollout.top_p=0.9"], "top_p"),
+    (["engine.servers=1", "engine.weight_sync=nccl"], "engine.weight_sync=nccl"),
+    (["engine.servers=1", "engine.token=a", "engine.token_env=B"], "both set"),
+])
+def test_engine_section_errors_name_the_key(overrides, needle):
+    with pytest.raises(ConfigError, match=None) as err:
+        load_config(None, overrides)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_engine_urls_or_servers_imply_remote():
+    assert load_config(None, []).engine.kind == "local"
+    assert load_config(None, ["engine.servers=2"]).engine.kind == "remote"
+    cfg = load_config(None, ["engine.urls=[http://127.0.0.1:30000]"])
+    assert cfg.engine.kind == "remote" and cfg.engine.api == "sglang"
+    from seekrl.config_checks import server_kind
+
+    assert server_kind(load_config(None, ["engine.servers=1"])) == "seekrl"
+    assert server_kind(load_config(None, ["engine.servers=1", "engine.api=vllm"])) == "vllm"

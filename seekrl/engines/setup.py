@@ -1,0 +1,79 @@
+"""The engine a run samples with, from its `engine:` config section.
+
+    engine = make_engine(cfg, model, tokenizer, run_dir)    # LocalEngine or RemoteEngine
+    ...
+    engine.close()                                          # stops the servers the run started
+
+- `engine.kind=local`: a LocalEngine on the trainer's own model (shared weights: a weight sync
+  only moves the version).
+- `engine.urls`: a RemoteEngine on servers that already run.
+- `engine.servers=N`: the policy's initial weights (and tokenizer) are written to
+  `<run>/engine/weights/v0`, N servers are started on them on free loopback ports (seekrl's own
+  `seekrl serve engine`, or SGLang / vLLM per `engine.server_kind`), their logs go to
+  `<run>/engine/server_<i>.log`, and the RemoteEngine stops them on `close()`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from seekrl.config import Config, ConfigError
+from seekrl.config_checks import server_kind
+from seekrl.engines.local import LocalEngine
+
+__all__ = ["make_engine", "engine_token"]
+
+
+def engine_token(cfg: Config) -> str | None:
+    """engine.token, or the variable engine.token_env names (which must then be set)."""
+    e = cfg.engine
+    if e.token_env:
+        token = os.environ.get(e.token_env)
+        if not token:
+            raise ConfigError(f"engine.token_env: the environment variable {e.token_env} is not set; export it or drop the key")
+        return token
+    return e.token
+
+
+def make_engine(cfg: Config, model, tokenizer, run_dir: str | os.PathLike):
+    """The run's InferenceEngine (see the module docstring)."""
+    e, r = cfg.engine, cfg.rollout
+    if e.kind == "local":
+        return LocalEngine(model, tokenizer, max_batch_size=r.engine_batch_size, seed=cfg.train.seed)
+    from seekrl.engines.adapters import get_api
+    from seekrl.engines.launch import ServerCommand, ServerGroup, free_port, seekrl_server_command
+    from seekrl.engines.remote import RemoteEngine
+    from seekrl.engines.weights import write_weights
+
+    token = engine_token(cfg)
+    weights_dir = Path(run_dir) / "engine" / "weights"
+    common = dict(api=e.api, token=token, timeout_s=e.timeout_s, max_concurrent=e.max_concurrent,
+                  weights_dir=weights_dir, keep_weights=e.keep_weights, tokenizer=tokenizer)
+    if e.urls:
+        return RemoteEngine(e.urls, **common)
+    kind = server_kind(cfg)
+    api = get_api(e.api)
+    initial = write_weights(model, weights_dir, 0, tokenizer=tokenizer)
+    commands = []
+    for i in range(e.servers):
+        port = free_port()
+        if kind == "seekrl":
+            argv, env = seekrl_server_command(initial, port, dtype=cfg.model.dtype, device=cfg.model.device,
+                                              max_batch_size=r.engine_batch_size, seed=cfg.train.seed, extra_args=e.server_args)
+            if token:
+                from seekrl.servers.engine import TOKEN_ENV
+
+                env = {**env, TOKEN_ENV: token}
+        else:
+            argv, env = get_api(kind).server_command(str(initial), "127.0.0.1", port, list(e.server_args))
+            if token:
+                argv = [*argv, "--api-key", token]
+        if e.gpus_per_server:
+            n = e.gpus_per_server
+            env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(i * n + k) for k in range(n))}
+        commands.append(ServerCommand(argv, env, f"http://127.0.0.1:{port}"))
+    group = ServerGroup.start(commands, Path(run_dir) / "engine", health_path=api.health.path,
+                              timeout_s=e.startup_timeout_s, token=token)
+    exact = kind == "seekrl" and cfg.model.dtype == "float32"  # same code, same fp32 weights: the trainer's log-probs
+    return RemoteEngine(group.urls, **common, exact_logprobs=exact, on_close=group.stop)

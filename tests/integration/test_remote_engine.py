@@ -1,0 +1,165 @@
+"""RemoteEngine against real `seekrl serve engine` apps on 127.0.0.1 (uvicorn in threads).
+
+Equivalence with the in-process engine (same weights, same seeds: the same tokens and log-probs),
+episode-sticky least-loaded routing, disk weight sync, and failures: a dead server is routed
+around and counted; with none left, one line names it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import torch
+from live_server import LiveServer
+
+from seekrl.data.tiny import make_tiny_tasks
+from seekrl.engines import LocalEngine
+from seekrl.engines.errors import EngineRequestError, EngineUnavailable
+from seekrl.engines.remote import RemoteEngine
+from seekrl.engines.weights import weight_folders
+from seekrl.models import make_tiny_model
+from seekrl.rewards.rubric import Rubric
+from seekrl.rollout import collect
+from seekrl.servers.engine import make_app
+from seekrl.types import SamplingParams
+from seekrl.workflows.single_turn import SingleTurnWorkflow
+
+
+def run(coro, timeout=120.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def sharp(tokenizer, seed):
+    model = make_tiny_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.25, generator=gen)
+    return model.eval()
+
+
+class Servers:
+    """n engine-server apps, each on its own copy of `model`, started in threads."""
+
+    def __init__(self, model, tokenizer, n):
+        self.engines = [LocalEngine(copy.deepcopy(model), tokenizer) for _ in range(n)]
+        self.live = [LiveServer(make_app(e, tokenizer, model_path="test")) for e in self.engines]
+
+    def __enter__(self):
+        for s in self.live:
+            s.start()
+        return self
+
+    def __exit__(self, *exc):
+        for s in self.live:
+            s.stop()
+
+    @property
+    def urls(self):
+        return [s.url for s in self.live]
+
+
+def test_remote_samples_what_the_local_engine_samples(tiny_tokenizer):
+    model = sharp(tiny_tokenizer, 4)
+    tasks = make_tiny_tasks("copy", n=6, seed=0)
+    workflow = SingleTurnWorkflow(tiny_tokenizer, SamplingParams(max_new_tokens=8, temperature=1.0), Rubric(["qa_f1"]))
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=1234)
+    local = run(collect(workflow, LocalEngine(model, tiny_tokenizer), tasks, 4, params))
+    with Servers(model, tiny_tokenizer, 1) as s:
+        engine = RemoteEngine(s.urls)
+        remote = run(collect(workflow, engine, tasks, 4, params))
+        assert engine.counters["requests"] == 24 and engine.counters["http_requests"] <= 2  # batched into one /generate
+    pairs = [(a, b) for ga, gb in zip(local, remote) for a, b in zip(ga.trajectories, gb.trajectories)]
+    assert len(pairs) == 24
+    assert len({tuple(a.completion_ids) for a, _ in pairs}) > 4  # the samples differ from each other
+    for a, b in pairs:
+        assert a.completion_ids == b.completion_ids
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+        assert a.reward == b.reward and b.versions == [0] * len(b.completion_ids)
+
+
+def test_routing_is_least_loaded_and_sticky_per_episode(tiny_tokenizer):
+    model = sharp(tiny_tokenizer, 5)
+    prompt = tiny_tokenizer.encode("copy: 1 2 3", add_special_tokens=False)
+    with Servers(model, tiny_tokenizer, 2) as s:
+        engine = RemoteEngine(s.urls)
+
+        async def episode(i):  # three turns in one task, as a multi-turn episode makes them
+            seen = []
+            for turn in range(3):
+                await engine.generate(prompt, SamplingParams(max_new_tokens=3, seed=i * 10 + turn))
+                seen.append([e.stats["requests"] for e in s.engines])
+            return seen
+
+        async def main():
+            return await asyncio.gather(*(episode(i) for i in range(8)))
+
+        run(main())
+        per_server = [e.stats["requests"] for e in s.engines]
+        assert sum(per_server) == 24 and min(per_server) >= 6  # spread over both
+        assert per_server[0] % 3 == 0 and per_server[1] % 3 == 0  # whole episodes: three turns each
+        assert [srv.requests for srv in engine.servers] == per_server
+
+
+def test_disk_weight_sync_loads_new_weights_on_every_server(tiny_tokenizer, tmp_path):
+    model = sharp(tiny_tokenizer, 6)
+    trained = sharp(tiny_tokenizer, 7)  # stands in for the policy after an update
+    prompt = tiny_tokenizer.encode("copy: 4 5", add_special_tokens=False)
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
+    with Servers(model, tiny_tokenizer, 2) as s:
+        engine = RemoteEngine(s.urls, weights_dir=tmp_path / "w", keep_weights=2)
+        before = run(engine.generate(prompt, greedy))
+        for v in (1, 2, 3):
+            run(engine.update_weights(trained, v))
+        after = run(engine.generate(prompt, greedy))
+        assert engine.version == 3 and after.version == 3
+        assert [e.version for e in s.engines] == [3, 3]
+        for e in s.engines:
+            for k, v in e.model.state_dict().items():
+                assert torch.equal(v, trained.state_dict()[k])
+        expect = run(LocalEngine(trained, tiny_tokenizer).generate(prompt, greedy))
+        assert after.token_ids == expect.token_ids != before.token_ids
+        assert [v for v, _ in weight_folders(tmp_path / "w")] == [2, 3]  # keep_weights=2, no temporaries
+        assert not list((tmp_path / "w").glob(".v*"))
+        assert engine.metrics()["engine/weight_syncs"] == 3.0
+
+
+def test_a_dead_server_is_routed_around_and_the_last_one_is_named(tiny_tokenizer):
+    model = sharp(tiny_tokenizer, 8)
+    prompt = tiny_tokenizer.encode("copy: 9", add_special_tokens=False)
+    with Servers(model, tiny_tokenizer, 2) as s:
+        engine = RemoteEngine(s.urls, timeout_s=5)
+
+        async def main():
+            first = await asyncio.gather(*(engine.generate(prompt, SamplingParams(4, seed=i)) for i in range(6)))
+            s.live[0].stop()
+            second = await asyncio.gather(*(engine.generate(prompt, SamplingParams(4, seed=i)) for i in range(6)))
+            return first, second
+
+        first, second = run(main())
+        assert [c.token_ids for c in first] == [c.token_ids for c in second]  # seeded: re-sent requests sample the same
+        m = engine.metrics()
+        assert m["engine/server_failures"] == 1.0 and m["engine/servers_alive"] == 1.0
+        s.live[1].stop()
+        with pytest.raises(EngineUnavailable, match="every engine server is unreachable") as err:
+            run(engine.generate(prompt, SamplingParams(4, seed=1)))
+        assert s.urls[0] in str(err.value) and s.urls[1] in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_bad_request_is_not_a_dead_server(tiny_tokenizer, tmp_path):
+    model = sharp(tiny_tokenizer, 9)
+    with Servers(model, tiny_tokenizer, 1) as s:
+        engine = RemoteEngine(s.urls, weights_dir=tmp_path / "w")
+        with pytest.raises(EngineRequestError, match="outside the vocabulary"):
+            run(engine.generate([1, 10_000], SamplingParams(4)))
+        with pytest.raises(EngineRequestError, match="HTTP 400"):
+            run(engine.generate([1, 2], SamplingParams(5000)))  # over the context
+        assert engine.metrics()["engine/server_failures"] == 0.0
+        # a folder that does not fit: the server refuses it, and is not trusted afterwards
+        other = make_tiny_model(tiny_tokenizer, hidden_size=32, num_layers=1, num_heads=4, seed=0)
+        with pytest.raises(EngineUnavailable, match="weight update failed"):
+            run(engine.update_weights(other, 1))
+        assert engine.version == 0
