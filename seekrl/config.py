@@ -130,6 +130,8 @@ class EngineConfig:
     """What engine.servers starts: auto (seekrl's own `seekrl serve engine` for api sglang, vLLM for api vllm) | seekrl | sglang | vllm."""
     server_args: list[str] = field(default_factory=list)
     """Extra command-line flags for each started server (e.g. [--gpu-memory-utilization, '0.5'])."""
+    server_python: str | None = None
+    """Python interpreter that starts SGLang / vLLM servers, e.g. .venv-vllm/bin/python (they pin torch and transformers of their own, so they often live in their own environment); none: this one."""
     gpus_per_server: int = 0
     """GPUs given to each started server through CUDA_VISIBLE_DEVICES (server i gets GPUs i*n .. i*n+n-1); 0: no restriction."""
     weight_sync: str = "disk"

@@ -88,6 +88,8 @@ def _check_engine(cfg: Config) -> None:
     if e.kind == "remote" and e.api == "vllm" and (r.top_p < 1 or r.top_k > 0):
         raise ConfigError("engine.api=vllm returns log-probs after top-p / top-k filtering, which the trainer cannot "
                           "reproduce; set rollout.top_p=1 and rollout.top_k=0 (or use engine.api=sglang)")
+    if e.server_python and not Path(e.server_python).is_file():
+        raise ConfigError(f"engine.server_python: '{e.server_python}' is not a file; give the python of the servers' environment")
     if e.token and e.token_env:
         raise ConfigError("engine.token and engine.token_env are both set; keep one (token_env keeps the secret out of the saved config)")
 

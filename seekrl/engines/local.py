@@ -36,6 +36,7 @@ Run the tests: `python -m pytest tests/integration/test_local_engine.py -q`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import glob
 import os
@@ -122,7 +123,10 @@ class LocalEngine:
         )
         self.stats = {
             "batches": 0, "requests": 0, "tokens": 0, "forward_steps": 0, "prefill_tokens": 0, "seconds": 0.0, "aborted": 0,
+            "joined": 0, "max_rows": 0,
         }
+        self._inbox: collections.deque[_Request] = collections.deque()  # waiting requests (thread-safe ends)
+        self._draining = 0  # update_weights waits for the batch in flight: no request may join it
         self._live: set[_Request] = set()  # queued or running requests, for abort()
         self._go = threading.Event()  # cleared by pause("in_place"): the sampling thread parks between steps
         self._go.set()
@@ -132,7 +136,7 @@ class LocalEngine:
         self._closed = False
         self._paused = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue | None = None
+        self._wake: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
         self._unpaused: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -149,7 +153,8 @@ class LocalEngine:
         loop = self._ensure_started()
         req = _Request([int(i) for i in prompt_ids], params, loop.create_future(), rid)
         self._live.add(req)
-        self._queue.put_nowait(req)
+        self._inbox.append(req)
+        self._wake.set()
         try:
             return await req.future
         except asyncio.CancelledError:
@@ -181,10 +186,16 @@ class LocalEngine:
                 await asyncio.to_thread(self._load_weights, source)
             self.version = int(version)
             return
-        async with self._lock:
-            if source is not self.model:
-                await asyncio.to_thread(self._load_weights, source)
-            self.version = int(version)
+        self._draining += 1  # the batch in flight takes no new requests, so it ends
+        try:
+            async with self._lock:
+                if source is not self.model:
+                    await asyncio.to_thread(self._load_weights, source)
+                self.version = int(version)
+        finally:
+            self._draining -= 1
+            if self._inbox:
+                self._wake.set()
 
     def pause(self, mode: str = "hold") -> None:
         """Hold new batches back until `resume()`. "hold": the batch in flight finishes; "abort":
@@ -210,10 +221,22 @@ class LocalEngine:
         self._go.set()
         if self._unpaused is not None:
             self._unpaused.set()
+        if self._wake is not None and self._inbox:
+            self._wake.set()
 
     @property
     def paused(self) -> bool:
         return self._paused
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a place in a batch."""
+        return len(self._inbox)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests not answered yet (waiting or being sampled)."""
+        return len(self._live)
 
     def close(self) -> None:
         """Release a parked sampling thread for good (the process is ending)."""
@@ -249,7 +272,8 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # first use, or a new event loop (e.g. a second asyncio.run)
             self._loop = loop
-            self._queue = asyncio.Queue()
+            self._inbox.clear()  # requests of a closed event loop have nobody to answer
+            self._wake = asyncio.Event()
             self._lock = asyncio.Lock()
             self._unpaused = asyncio.Event()
             if not self._paused:
@@ -260,76 +284,80 @@ class LocalEngine:
         return loop
 
     async def _run(self) -> None:
-        pending: list[_Request] = []
         while True:
-            if not pending:
-                pending.append(await self._queue.get())
+            await self._wake.wait()
+            self._wake.clear()
             for _ in range(3):  # let every caller of the same gather (and their sub-awaits) enqueue
                 await asyncio.sleep(0)
             while True:  # while paused, requests wait here; those aborted meanwhile are answered
-                while not self._queue.empty():
-                    pending.append(self._queue.get_nowait())
-                pending = self._drop_finished(pending)
-                if self._unpaused.is_set() or not pending:
+                self._answer_aborted_queued()
+                if self._unpaused.is_set() or not self._inbox:
                     break
                 try:
                     await asyncio.wait_for(self._unpaused.wait(), 0.05)
                 except asyncio.TimeoutError:
                     pass
-            if not pending:
+            if not self._inbox:
                 continue
-            batch, pending = pending[: self.max_batch_size], pending[self.max_batch_size :]
             self._busy = True
             try:
                 async with self._lock:
-                    try:
-                        results = await asyncio.to_thread(self._generate_batch, batch)
-                    except Exception as e:  # surface the error to every caller of the batch
-                        for r in batch:
-                            if not r.future.done():
-                                r.future.set_exception(e)
-                        continue
+                    await asyncio.to_thread(self._generate_batch)
             finally:
                 self._busy = False
-            for r, c in zip(batch, results):
-                if r.future.done():
-                    continue
-                c = _joined(r.done, c)
-                if c.finish_reason == "retract":  # back to the queue, ahead of newer requests
-                    r.done, c.finish_reason = c, "abort"
-                    pending.insert(0, r)
-                else:
-                    r.future.set_result(c)
+            if self._inbox:
+                self._wake.set()
 
-    def _drop_finished(self, pending: list[_Request]) -> list[_Request]:
-        """Forget cancelled callers; answer requests aborted while queued (nothing sampled)."""
-        keep = []
-        for r in pending:
+    def _answer_aborted_queued(self) -> None:
+        """Forget cancelled callers in the queue; answer the aborted ones (nothing sampled since)."""
+        waiting = list(self._inbox)
+        self._inbox.clear()
+        for r in waiting:
             if r.future.done():
                 continue
             if r.aborted:
                 self.stats["aborted"] += 1
                 r.future.set_result(r.done or Completion([], [], "abort", self.version))
             else:
-                keep.append(r)
-        return keep
+                self._inbox.append(r)
+
+    def _finish(self, req: _Request, c: Completion | BaseException) -> None:
+        """Answer a request (on the loop's thread); a retracted one goes back to the queue's front."""
+        if req.future.done():
+            return
+        if isinstance(c, BaseException):
+            req.future.set_exception(c)
+            return
+        c = _joined(req.done, c)
+        if c.finish_reason == "retract":
+            req.done = dataclasses.replace(c, finish_reason="abort")
+            self._inbox.appendleft(req)
+            self._wake.set()
+        else:
+            req.future.set_result(c)
+
+    def _deliver(self, req: _Request, c: Completion | BaseException) -> None:
+        """From the sampling thread: answer `req` as soon as its row is done (not at batch end)."""
+        self._loop.call_soon_threadsafe(self._finish, req, c)
+
+    def _take(self, room: int) -> list[_Request]:
+        """From the sampling thread: up to `room` waiting requests, unless paused or draining."""
+        out: list[_Request] = []
+        while len(out) < room and not self._paused and not self._draining:
+            try:
+                r = self._inbox.popleft()
+            except IndexError:
+                break
+            if r.future.done():  # its caller went away
+                continue
+            if r.aborted:
+                self.stats["aborted"] += 1
+                self._deliver(r, Completion([], [], "abort", self.version))
+                continue
+            out.append(r)
+        return out
 
     # ----------------------------------------------------------------------------- sampling
-
-    def _generate_batch(self, batch: list[_Request]) -> list[Completion]:
-        t0 = time.perf_counter()
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode():
-                todo = [r.remaining() for r in batch]
-                out = self._sample([p for p, _ in todo], [sp for _, sp in todo], batch)
-        finally:
-            self.model.train(was_training)
-        self.stats["batches"] += 1
-        self.stats["requests"] += len(batch)
-        self.stats["seconds"] += time.perf_counter() - t0
-        return out
 
     def _checkpoint(self) -> int:
         """Between two forward passes: park while paused in place; return the weights' version."""
@@ -340,121 +368,39 @@ class LocalEngine:
             self._parked.clear()
         return self.version
 
-    def _sample(self, prompts: list[list[int]], params: list[SamplingParams], reqs: list[_Request] | None = None) -> list[Completion]:
-        """Sample all rows to completion. Row index `i` is the request; `j` its place in the batch.
-        `reqs` (optional) are the requests, whose `aborted` flag ends a row at the next step."""
-        dev, B = self.device, len(prompts)
-        lens = [len(p) for p in prompts]
-        # The G samples of a task share their prompt: prefill each distinct prompt once and
-        # expand its KV cache to the rows that continue it.
-        distinct: dict[tuple, int] = {}
-        row_u = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        uniq = [list(k) for k in distinct]
-        ulens = [len(p) for p in uniq]
-        L = max(ulens)
-        ids = [[self.pad_id] * (L - n) + p for p, n in zip(uniq, ulens)]
-        mask = [[0] * (L - n) + [1] * n for n in ulens]
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        mask_bL = torch.tensor(mask, dtype=torch.long, device=dev)
-        position_ids = (mask_bL.cumsum(-1) - 1).clamp_min(0)
-
-        max_new = [p.max_new_tokens for p in params]
-        stops = [tuple(s for s in p.stop if s) for p in params]
-        windows = [max((len(s) for s in st), default=0) + 4 for st in stops]
-        prefix = [list(r.done.token_ids[-64:]) if r.done is not None else [] for r in reqs] if reqs else [[]] * B
-        enders = [set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids) for p in params]
-        row_gens: dict[int, torch.Generator] = {}
-        for i, p in enumerate(params):
-            if p.seed is not None and p.temperature > 0:
-                row_gens[i] = torch.Generator(device=dev)
-                row_gens[i].manual_seed(int(p.seed))
-                if reqs is not None and reqs[i].gen_state is not None:  # a retracted request goes on drawing
-                    row_gens[i].set_state(reqs[i].gen_state)
-
-        rows = list(range(B))  # request index of each batch row
-        sampler = _RowSampler(params, rows, dev)
-        next_pos_b1 = torch.tensor(lens, dtype=torch.long, device=dev)[:, None]
-        tokens: list[list[int]] = [[] for _ in range(B)]
-        logps: list[list[float]] = [[] for _ in range(B)]
-        vers: list[list[int]] = [[] for _ in range(B)]
-        reasons: list[str | None] = [None] * B
-        n_done_in_batch = 0
-
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        fwd_version = self._checkpoint()
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask_bL,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        self.stats["forward_steps"] += 1
-        self.stats["prefill_tokens"] += sum(ulens)
-        logits_bV = out.logits[:, -1, :]
-        if len(uniq) < B:
-            row_u_t = torch.tensor(row_u, dtype=torch.long, device=dev)
-            cache.reorder_cache(row_u_t)
-            logits_bV, mask_bL = logits_bV[row_u_t], mask_bL[row_u_t]
-        for step in range(max(max_new)):
-            retract = self._retract and reqs is not None  # read once per step (set from another thread)
-            gen_before = {i: g.get_state() for i, g in row_gens.items()} if retract else {}
-            tok_b, lp_b = sampler.pick(logits_bV, self.generator, row_gens)
-            host = torch.stack([tok_b.double(), lp_b.double()]).tolist()  # the one sync per step
-            for j, i in enumerate(rows):
-                if reasons[i] is not None:
-                    continue
-                if reqs is not None and reqs[i].aborted:
-                    reasons[i] = "abort"
-                    n_done_in_batch += 1
-                    continue
-                if retract:
-                    reasons[i] = "retract"
-                    if i in row_gens:  # the draw of this step is not used: rewind it
-                        row_gens[i].set_state(gen_before[i])
-                        reqs[i].gen_state = gen_before[i]
-                    n_done_in_batch += 1
-                    continue
-                tok = int(host[0][j])
-                tokens[i].append(tok)
-                logps[i].append(host[1][j])
-                vers[i].append(fwd_version)
-                if tok in enders[i]:
-                    reasons[i] = "stop"
-                elif stops[i] and any(s in self._decode((prefix[i] + tokens[i])[-windows[i] :]) for s in stops[i]):
-                    reasons[i] = "stop"
-                elif step + 1 >= max_new[i]:
-                    reasons[i] = "length"
-                if reasons[i] is not None:
-                    n_done_in_batch += 1
-            if n_done_in_batch == len(rows):
-                break
-            if n_done_in_batch >= max(1.0, self.compact_fraction * len(rows)):
-                keep = [j for j, i in enumerate(rows) if reasons[i] is None]
-                keep_t = torch.tensor(keep, dtype=torch.long, device=dev)
-                cache.batch_select_indices(keep_t)
-                mask_bL, next_pos_b1, tok_b = mask_bL[keep_t], next_pos_b1[keep_t], tok_b[keep_t]
-                rows = [rows[j] for j in keep]
-                sampler = _RowSampler(params, rows, dev)
-                n_done_in_batch = 0
-            mask_bL = torch.cat([mask_bL, mask_bL.new_ones(len(rows), 1)], dim=1)
-            fwd_version = self._checkpoint()
-            out = self.model(
-                input_ids=tok_b[:, None],
-                attention_mask=mask_bL,
-                position_ids=next_pos_b1,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits_bV = out.logits[:, -1, :]
-            next_pos_b1 = next_pos_b1 + 1
-            self.stats["forward_steps"] += 1
-        self.stats["tokens"] += sum(len(t) for t in tokens)
-        self.stats["aborted"] += sum(r == "abort" for r in reasons)
-        return [_completion(tokens[i], logps[i], reasons[i] or "length", vers[i], fwd_version) for i in range(B)]
+    def _generate_batch(self) -> None:
+        """The sampling thread: run one batch until no row is left. Requests that arrive meanwhile
+        join it between two steps (continuous batching); each row is answered when it is done."""
+        t0 = time.perf_counter()
+        was_training = self.model.training
+        self.model.eval()
+        batch = _Batch(self)
+        try:
+            with torch.inference_mode():
+                version = self._checkpoint()
+                batch.add(self._take(self.max_batch_size), version)
+                while batch.rows:
+                    batch.step()
+                    room = self.max_batch_size - batch.active()
+                    joiners = self._take(room) if room > 0 and batch.can_join else []
+                    if batch.active() == 0 and not joiners:
+                        break
+                    batch.compact(force=bool(joiners))
+                    version = self._checkpoint()
+                    if batch.rows:
+                        batch.decode(version)
+                    if joiners:
+                        self.stats["joined"] += len(joiners)
+                        batch.add(joiners, version)
+        except Exception as e:  # every request of the batch gets the error
+            for row in batch.all_rows:
+                if row.reason is None:
+                    row.reason = "error"
+                    self._deliver(row.req, e)
+        finally:
+            self.model.train(was_training)
+            self.stats["batches"] += 1
+            self.stats["seconds"] += time.perf_counter() - t0
 
     # ----------------------------------------------------------------------------- weights
 
@@ -489,6 +435,187 @@ class LocalEngine:
                 raise ValueError(f"update_weights: '{k}' has shape {tuple(v.shape)} in {where}, {tuple(own[k].shape)} in the engine's model")
         with torch.no_grad():
             self.model.load_state_dict(state, strict=False)
+
+
+@dataclass(eq=False)
+class _Row:
+    """One request in the running batch: what it has sampled so far, and how it ends."""
+
+    req: _Request
+    i: int  # its index in the batch's `params` (the row sampler and seeded generators key on it)
+    params: SamplingParams
+    enders: set[int]  # token ids that end it (EOS unless ignore_eos, stop_token_ids)
+    stops: tuple[str, ...]
+    window: int  # tokens decoded to look for a stop string
+    prefix: list[int]  # tail of the tokens sampled before a retract (a stop string may span the cut)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logps: list[float] = dataclasses.field(default_factory=list)
+    vers: list[int] = dataclasses.field(default_factory=list)
+    reason: str | None = None
+    fwd: int = 0  # version of the weights whose forward pass gave the row's current logits
+
+
+class _Batch:
+    """The sampling thread's running batch: rows in KV-cache order, their cache, attention mask
+    (left padding is 0), next positions and the logits of their next token.
+
+    Rows are added by a prefill (each distinct prompt once, its cache expanded to the rows that
+    share it) and merged into the running cache by left-padding the shorter of the two caches;
+    finished rows are dropped from the cache (`compact`), and columns that no row attends to any
+    more are cut off the left, so a long-lived batch does not grow without bound."""
+
+    def __init__(self, engine: LocalEngine):
+        from transformers.cache_utils import DynamicLayer
+
+        self.e, self.dev = engine, engine.device
+        self.rows: list[_Row] = []  # in cache order; finished rows ride along until compacted
+        self.all_rows: list[_Row] = []
+        self.params: list[SamplingParams] = []
+        self.gens: dict[int, torch.Generator] = {}
+        self.cache = self.mask_bL = self.pos_b1 = self.logits_bV = self.tok_b = None
+        self.sampler: _RowSampler | None = None
+        self.done = 0  # finished rows still in the cache
+        self._plain_layer = DynamicLayer
+        self.can_join = True  # left-padding merges need plain DynamicLayer caches (no sliding windows)
+
+    def active(self) -> int:
+        return len(self.rows) - self.done
+
+    # -- adding rows
+    def add(self, reqs: list[_Request], version: int) -> None:
+        if not reqs:
+            return
+        e, dev = self.e, self.dev
+        new: list[_Row] = []
+        prompts = []
+        for r in reqs:
+            prompt, p = r.remaining()
+            i = len(self.params)
+            self.params.append(p)
+            stops = tuple(x for x in p.stop if x)
+            row = _Row(r, i, p, set(p.stop_token_ids) | (set() if p.ignore_eos else e.eos_ids), stops,
+                       max((len(x) for x in stops), default=0) + 4, list(r.done.token_ids[-64:]) if r.done else [])
+            if p.seed is not None and p.temperature > 0:
+                g = torch.Generator(device=dev)
+                g.manual_seed(int(p.seed))
+                if r.gen_state is not None:  # a retracted request goes on drawing where it stopped
+                    g.set_state(r.gen_state)
+                self.gens[i] = g
+            new.append(row)
+            prompts.append(prompt)
+        self.all_rows.extend(new)
+        e.stats["requests"] += len(new)
+        # The G samples of a task share their prompt: prefill each distinct prompt once.
+        distinct: dict[tuple, int] = {}
+        row_u = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        uniq = [list(k) for k in distinct]
+        ulens = [len(p) for p in uniq]
+        L = max(ulens)
+        input_ids = torch.tensor([[e.pad_id] * (L - n) + p for p, n in zip(uniq, ulens)], dtype=torch.long, device=dev)
+        mask_uL = torch.tensor([[0] * (L - n) + [1] * n for n in ulens], dtype=torch.long, device=dev)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=e.model.config)
+        out = e.model(input_ids=input_ids, attention_mask=mask_uL, position_ids=(mask_uL.cumsum(-1) - 1).clamp_min(0),
+                      past_key_values=cache, use_cache=True, logits_to_keep=1)
+        e.stats["forward_steps"] += 1
+        e.stats["prefill_tokens"] += sum(ulens)
+        logits_nV, mask_nL = out.logits[:, -1, :], mask_uL
+        if len(uniq) < len(new):
+            row_u_t = torch.tensor(row_u, dtype=torch.long, device=dev)
+            cache.reorder_cache(row_u_t)
+            logits_nV, mask_nL = logits_nV[row_u_t], mask_nL[row_u_t]
+        pos_n1 = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)[:, None]
+        for row in new:
+            row.fwd = version
+        self._merge(cache, mask_nL, pos_n1, logits_nV)
+        self.rows.extend(new)
+        self.sampler = _RowSampler(self.params, [r.i for r in self.rows], dev)
+        e.stats["max_rows"] = max(e.stats["max_rows"], self.active())
+
+    def _merge(self, cache, mask_nL, pos_n1, logits_nV) -> None:
+        if self.cache is None:
+            self.cache, self.mask_bL, self.pos_b1, self.logits_bV = cache, mask_nL, pos_n1, logits_nV
+            self.can_join = all(type(layer) is self._plain_layer for layer in cache.layers)
+            return
+        L = max(self.mask_bL.shape[1], mask_nL.shape[1])
+        pad = torch.nn.functional.pad
+        for old, new in zip(self.cache.layers, cache.layers):
+            old.keys = torch.cat([pad(old.keys, (0, 0, L - old.keys.shape[-2], 0)), pad(new.keys, (0, 0, L - new.keys.shape[-2], 0))])
+            old.values = torch.cat([pad(old.values, (0, 0, L - old.values.shape[-2], 0)),
+                                    pad(new.values, (0, 0, L - new.values.shape[-2], 0))])
+        self.mask_bL = torch.cat([pad(self.mask_bL, (L - self.mask_bL.shape[1], 0)), pad(mask_nL, (L - mask_nL.shape[1], 0))])
+        self.pos_b1 = torch.cat([self.pos_b1, pos_n1])
+        self.logits_bV = torch.cat([self.logits_bV, logits_nV])
+
+    # -- one step
+    def step(self) -> None:
+        """Sample one token for every unfinished row from `logits_bV`; answer the rows that end."""
+        e = self.e
+        retract = e._retract  # read once per step (set from the loop's thread)
+        gen_before = {i: g.get_state() for i, g in self.gens.items()} if retract else {}
+        tok_b, lp_b = self.sampler.pick(self.logits_bV, e.generator, self.gens)
+        self.tok_b = tok_b
+        host = torch.stack([tok_b.double(), lp_b.double()]).tolist()  # the one sync per step
+        for j, row in enumerate(self.rows):
+            if row.reason is not None:
+                continue
+            if row.req.aborted:
+                row.reason = "abort"
+            elif retract:
+                row.reason = "retract"
+                if row.i in self.gens:  # this step's draw is not used: rewind it
+                    self.gens[row.i].set_state(gen_before[row.i])
+                    row.req.gen_state = gen_before[row.i]
+            else:
+                tok = int(host[0][j])
+                row.tokens.append(tok)
+                row.logps.append(host[1][j])
+                row.vers.append(row.fwd)
+                if tok in row.enders:
+                    row.reason = "stop"
+                elif row.stops and any(x in e._decode((row.prefix + row.tokens)[-row.window :]) for x in row.stops):
+                    row.reason = "stop"
+                elif len(row.tokens) >= row.params.max_new_tokens:
+                    row.reason = "length"
+            if row.reason is not None:
+                self.done += 1
+                e.stats["tokens"] += len(row.tokens)
+                e.stats["aborted"] += row.reason == "abort"
+                e._deliver(row.req, _completion(row.tokens, row.logps, row.reason, row.vers, row.fwd))
+
+    def compact(self, force: bool = False) -> None:
+        """Drop finished rows from the cache once enough are done (or before rows join), and the
+        left columns no remaining row attends to."""
+        if not self.done or not (force or self.done >= max(1.0, self.e.compact_fraction * len(self.rows))):
+            return
+        keep = [j for j, row in enumerate(self.rows) if row.reason is None]
+        self.rows = [self.rows[j] for j in keep]
+        self.done = 0
+        if not keep:
+            self.cache = self.mask_bL = self.pos_b1 = self.logits_bV = self.tok_b = None
+            return
+        keep_t = torch.tensor(keep, dtype=torch.long, device=self.dev)
+        self.cache.batch_select_indices(keep_t)
+        self.mask_bL, self.pos_b1, self.tok_b = self.mask_bL[keep_t], self.pos_b1[keep_t], self.tok_b[keep_t]
+        self.logits_bV = self.logits_bV[keep_t]
+        first = int(self.mask_bL.any(dim=0).nonzero()[0])  # columns left of it are padding for every row
+        if first > 0 and self.can_join:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            self.mask_bL = self.mask_bL[:, first:]
+        self.sampler = _RowSampler(self.params, [r.i for r in self.rows], self.dev)
+
+    def decode(self, version: int) -> None:
+        """One forward pass of every row's last token: the logits of the next step."""
+        self.mask_bL = torch.cat([self.mask_bL, self.mask_bL.new_ones(len(self.rows), 1)], dim=1)
+        out = self.e.model(input_ids=self.tok_b[:, None], attention_mask=self.mask_bL, position_ids=self.pos_b1,
+                           past_key_values=self.cache, use_cache=True)
+        self.logits_bV = out.logits[:, -1, :]
+        self.pos_b1 = self.pos_b1 + 1
+        for row in self.rows:
+            row.fwd = version
+        self.e.stats["forward_steps"] += 1
 
 
 def _joined(before: Completion | None, after: Completion) -> Completion:

@@ -112,6 +112,7 @@ class RemoteEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: httpx.AsyncClient | None = None
         self._unpaused: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task] = set()  # batch senders in flight (the loop keeps only weak references)
 
     # ----------------------------------------------------------------------------- protocol
 
@@ -296,8 +297,13 @@ class RemoteEngine:
         future = asyncio.get_running_loop().create_future()
         server.queued.append((call, future))
         if len(server.queued) == 1:
-            asyncio.get_running_loop().create_task(self._flush(server))
+            self._spawn(self._flush(server))
         return await future
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _flush(self, server: _Server) -> None:
         for _ in range(3):  # let every caller of the same gather (and their sub-awaits) enqueue
@@ -306,7 +312,7 @@ class RemoteEngine:
             items, server.queued = server.queued[: self.max_batch], server.queued[self.max_batch :]
             items = [(c, f) for c, f in items if not f.done()]  # callers cancelled meanwhile
             if items:
-                asyncio.get_running_loop().create_task(self._send_batch(server, items))
+                self._spawn(self._send_batch(server, items))
 
     async def _send_batch(self, server: _Server, items: list) -> None:
         calls = [c for c, _ in items]

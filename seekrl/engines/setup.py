@@ -67,6 +67,10 @@ def make_engine(cfg: Config, model, tokenizer, run_dir: str | os.PathLike):
                 env = {**env, TOKEN_ENV: token}
         else:
             argv, env = get_api(kind).server_command(str(initial), "127.0.0.1", port, list(e.server_args))
+            if e.server_python:  # the servers' own environment; it still imports seekrl's vLLM worker extension
+                argv = [e.server_python, *argv[1:]]
+                root = str(Path(__file__).resolve().parents[2])
+                env = {**env, "PYTHONPATH": os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH")) if x)}
             if token:
                 argv = [*argv, "--api-key", token]
         if e.gpus_per_server:

@@ -7,7 +7,8 @@ A folder is a Hugging Face model folder (config.json + *.safetensors, from `save
 seekrl's engine server, SGLang (`/update_weights_from_disk`) and vLLM (through seekrl's worker
 extension) all read it. It is written under a temporary name in the same parent folder and renamed
 into place when complete, so a server never sees a half-written folder. A LoRA model (peft) is
-written with its adapters merged into the base weights (merged for the copy, then unmerged), so
+written with its adapters merged into the base weights, computed out of place (W + ΔW for the
+copy; the training model is not touched, so its frozen base weights never drift by rounding), so
 the servers need no adapter support.
 """
 
@@ -27,9 +28,10 @@ __all__ = ["write_weights", "prune_weights", "weight_folders", "exportable"]
 _VERSION = re.compile(r"^v(\d+)$")
 
 
+@torch.no_grad()
 def exportable(model: torch.nn.Module) -> tuple[torch.nn.Module, dict | None]:
     """`(model_to_save, state_dict or None)`: the plain transformers model and, for a peft
-    model, its state with the adapters merged in (call inside `_merged`)."""
+    model, its state under the base model's names with each active adapter's delta added."""
     base = getattr(model, "get_base_model", None)
     if base is None:
         return model, None
@@ -39,6 +41,13 @@ def exportable(model: torch.nn.Module) -> tuple[torch.nn.Module, dict | None]:
         if "lora_" in k:
             continue
         state[k.replace(".base_layer.", ".")] = v
+    for name, module in inner.named_modules():
+        if not (hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")):
+            continue
+        key = f"{name}.weight"
+        for adapter in getattr(module, "active_adapters", []):
+            if adapter in getattr(module, "lora_A", {}):
+                state[key] = state[key] + module.get_delta_weight(adapter).to(state[key].dtype)
     return inner, state
 
 
@@ -50,16 +59,9 @@ def write_weights(model: torch.nn.Module, root: str | os.PathLike, version: int,
     final = root / f"v{int(version)}"
     tmp = Path(tempfile.mkdtemp(prefix=f".v{int(version)}-", dir=root))
     try:
-        peft = hasattr(model, "merge_adapter")
-        if peft:
-            model.merge_adapter()
-        try:
-            inner, state = exportable(model)
-            with _quiet():
-                inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-        finally:
-            if peft:
-                model.unmerge_adapter()
+        inner, state = exportable(model)
+        with _quiet():
+            inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if final.exists():

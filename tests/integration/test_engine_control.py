@@ -113,7 +113,7 @@ def test_a_cancelled_caller_frees_its_row(tiny_model, tiny_tokenizer, prompt):
         await _until(lambda: engine.stats["forward_steps"] > 5)
         task.cancel()
         await _until(lambda: engine.stats["aborted"] == 1, timeout=1.0)  # the row is dropped at once
-        assert not engine._live and engine._queue.empty()
+        assert engine.in_flight == 0 and engine.queued == 0
         return await engine.generate(prompt, SamplingParams(max_new_tokens=4, seed=3))
 
     assert len(run(go()).token_ids) == 4
@@ -158,3 +158,35 @@ def test_retract_requeues_and_continues_under_the_new_weights_as_if_uncut(tiny_m
     k = swapped.versions.index(1)
     assert 0 < k < 300 and swapped.versions == [0] * k + [1] * (300 - k) and len(swapped.token_ids) == 300
     assert swapped.token_ids[:k] == uncut.token_ids[:k]
+
+
+def test_requests_join_a_running_batch_and_sample_what_they_would_alone(tiny_tokenizer):
+    """Continuous batching: requests that arrive while a batch runs are prefilled and merged into
+    it (the shorter KV cache left-padded); seeded, they sample what they would alone, and each is
+    answered when its own row ends, not when the batch does."""
+    gen = torch.Generator().manual_seed(3)
+    model = make_tiny_model(tiny_tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.25, generator=gen)
+    texts = ["Question: what is 12 + 30?", "the quick brown fox jumps over the lazy dog, and then", "<search>", "copy: 1 2"]
+    prompts = [tiny_tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    long = SamplingParams(max_new_tokens=400, temperature=1.0, seed=5, ignore_eos=True)
+    late = [SamplingParams(max_new_tokens=12 + 7 * k, temperature=1.0, seed=100 + k, ignore_eos=True) for k in range(4)]
+    alone = [run(LocalEngine(model, tiny_tokenizer).generate(p, sp)) for p, sp in zip(prompts, late)]
+    alone_long = run(LocalEngine(model, tiny_tokenizer).generate(prompts[1], long))
+    engine = LocalEngine(model, tiny_tokenizer)
+
+    async def go():
+        first = asyncio.create_task(engine.generate(prompts[1], long))
+        await _until(lambda: engine.stats["forward_steps"] > 30)
+        joined = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, late)))
+        assert not first.done()  # answered while the long row still runs
+        return joined, await first
+
+    joined, first = run(go())
+    assert engine.stats["batches"] == 1 and engine.stats["joined"] == 4
+    for a, b in zip(alone + [alone_long], joined + [first]):
+        assert b.token_ids == a.token_ids
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)

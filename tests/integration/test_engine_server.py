@@ -247,7 +247,7 @@ def test_a_client_that_disconnects_has_its_request_cancelled(server, engine, pro
     with pytest.raises(httpx.ReadTimeout):
         post(server, "/generate", {"input_ids": prompts[0], "sampling_params": sp}, timeout=0.5)
     deadline = time.monotonic() + 2.0
-    while engine.stats["aborted"] < 1 or engine._live:
+    while engine.stats["aborted"] < 1 or engine.in_flight:
         assert time.monotonic() < deadline, "the server kept generating for a client that left"
         time.sleep(0.02)
     info = httpx.get(server + "/server_info", headers=AUTH).json()

@@ -140,3 +140,33 @@ def test_sigterm_to_the_trainer_leaves_no_server_behind(tmp_path):
             proc.kill()
     assert proc.returncode != 0
     assert_gone(pids)
+
+
+def test_a_server_that_cannot_start_is_one_line(tmp_path):
+    """SGLang is not installed here: its server exits at once, and the run says so in one line
+    with the last line of the server's log (and leaves nothing running)."""
+    r = subprocess.run(train_cmd(tmp_path, "nosglang", "train.steps=1", "engine.servers=1", "engine.server_kind=sglang"),
+                       capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[-1].startswith("seekrl: error: engine server http://127.0.0.1:") and "before it answered /health" in lines[-1]
+    assert "sglang" in lines[-1] and "server_0.log" in lines[-1]
+    pids = [s["pid"] for s in json.loads((tmp_path / "nosglang" / "engine" / "servers.json").read_text())]
+    assert_gone(pids, timeout=1.0)
+
+
+def test_seekrl_eval_on_a_started_server_equals_eval_in_process(tmp_path):
+    """`seekrl eval` builds the same engine as `seekrl train`: on one started server the metrics are
+    those of the in-process evaluation (greedy, same weights), and the server is stopped after."""
+    common = [sys.executable, "-m", "seekrl", "eval", str(ROOT / "examples" / "tiny_grpo.yaml"), "model.tiny_hidden=64",
+              "data.eval=tiny:copy:test", "data.max_eval=16", "log.progress=false", f"log.dir={tmp_path}"]
+    local = subprocess.run([*common, "log.name=local"], capture_output=True, text=True, timeout=300)
+    remote = subprocess.run([*common, "log.name=remote", "engine.servers=1"], capture_output=True, text=True, timeout=300)
+    assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
+    a = json.loads((tmp_path / "local" / "eval" / "eval.json").read_text())
+    b = json.loads((tmp_path / "remote" / "eval" / "eval.json").read_text())
+    assert a["eval/count"] == b["eval/count"] == 16
+    assert {k: v for k, v in a.items() if not k.startswith("eval/time")} == pytest.approx(
+        {k: v for k, v in b.items() if not k.startswith("eval/time")}, abs=1e-9)
+    pids = [s["pid"] for s in json.loads((tmp_path / "remote" / "eval" / "engine" / "servers.json").read_text())]
+    assert_gone(pids, timeout=1.0)

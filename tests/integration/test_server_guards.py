@@ -220,7 +220,7 @@ def test_a_client_that_hangs_up_has_its_generation_cancelled(policy, engine):
             break  # the server saw the hang-up and the engine's batch has ended
         time.sleep(0.05)
     assert stats["cancelled"] == before["cancelled"] + 1, stats
-    assert engine._queue.empty() and not engine._live  # nothing queued or in flight for it
+    assert engine.queued == 0 and engine.in_flight == 0  # nothing queued or in flight for it
     assert tokens_before < engine.stats["tokens"] < tokens_before + 8 * 960  # stopped early
     assert stats["completions"] == before["completions"]
     # and the engine still serves
