@@ -53,3 +53,23 @@ def tiny_model(tiny_tokenizer):
 def fresh_tiny_model(tiny_model):
     """A private copy of `tiny_model` that a test may train or modify."""
     return copy.deepcopy(tiny_model)
+
+
+@pytest.fixture(scope="session")
+def sharp_tiny(tiny_tokenizer):
+    """`sharp_tiny(seed)`: a tiny model with large weights, so that greedy outputs and samples
+    depend on the weights (a fresh tiny model repeats one token). A new model per call."""
+    import torch
+
+    from seekrl.models import make_tiny_model
+
+    def make(seed: int):
+        model = make_tiny_model(tiny_tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.25, generator=gen)
+        return model.eval()
+
+    return make

@@ -160,16 +160,11 @@ def test_retract_requeues_and_continues_under_the_new_weights_as_if_uncut(tiny_m
     assert swapped.token_ids[:k] == uncut.token_ids[:k]
 
 
-def test_requests_join_a_running_batch_and_sample_what_they_would_alone(tiny_tokenizer):
+def test_requests_join_a_running_batch_and_sample_what_they_would_alone(tiny_tokenizer, sharp_tiny):
     """Continuous batching: requests that arrive while a batch runs are prefilled and merged into
     it (the shorter KV cache left-padded); seeded, they sample what they would alone, and each is
     answered when its own row ends, not when the batch does."""
-    gen = torch.Generator().manual_seed(3)
-    model = make_tiny_model(tiny_tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=3)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.25, generator=gen)
+    model = sharp_tiny(3)
     texts = ["Question: what is 12 + 30?", "the quick brown fox jumps over the lazy dog, and then", "<search>", "copy: 1 2"]
     prompts = [tiny_tokenizer.encode(t, add_special_tokens=False) for t in texts]
     long = SamplingParams(max_new_tokens=400, temperature=1.0, seed=5, ignore_eos=True)

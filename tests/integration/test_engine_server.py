@@ -13,7 +13,6 @@ import time
 
 import httpx
 import pytest
-import torch
 from live_server import LiveServer
 
 from seekrl.engines import LocalEngine
@@ -26,8 +25,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-def engine(tiny_tokenizer):
-    return LocalEngine(sharp(tiny_tokenizer, 3), tiny_tokenizer, seed=0)
+def engine(tiny_tokenizer, sharp_tiny):
+    return LocalEngine(sharp_tiny(3), tiny_tokenizer, seed=0)
 
 
 @pytest.fixture
@@ -43,27 +42,16 @@ def prompts(tiny_tokenizer):
     return [tiny_tokenizer.encode(t, add_special_tokens=False) for t in ("Question: 12 + 30?", "the quick brown fox")]
 
 
-def sharp(tokenizer, seed):
-    """A tiny model with large weights, so that greedy outputs depend on them (not one repeated token)."""
-    model = make_tiny_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=seed)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.25, generator=gen)
-    return model.eval()
-
-
 def post(url, path, body, headers=AUTH, timeout=60):
     return httpx.post(url + path, json=body, headers=headers, timeout=timeout)
 
 
-def test_generate_matches_the_in_process_engine(server, tiny_tokenizer, prompts):
+def test_generate_matches_the_in_process_engine(server, tiny_tokenizer, prompts, sharp_tiny):
     sp = {"temperature": 0.9, "top_p": 0.95, "max_new_tokens": 12, "sampling_seed": 17}
     r = post(server, "/generate", {"input_ids": prompts, "sampling_params": sp, "return_logprob": True, "rid": ["a", "b"]})
     assert r.status_code == 200, r.text
     answers = r.json()
-    local = LocalEngine(sharp(tiny_tokenizer, 3), tiny_tokenizer)
+    local = LocalEngine(sharp_tiny(3), tiny_tokenizer)
     params = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.95, seed=17)
     for p, a, rid in zip(prompts, answers, ["a", "b"]):
         ref = asyncio.run(local.generate(p, params))
@@ -113,10 +101,10 @@ def test_abort_request_mid_generation(server, engine, prompts):
     assert post(server, "/abort_request", {}).status_code == 400  # neither rid nor abort_all
 
 
-def test_weight_update_changes_samples_and_a_bad_folder_keeps_the_old_weights(server, tiny_tokenizer, prompts, tmp_path):
+def test_weight_update_changes_samples_and_a_bad_folder_keeps_the_old_weights(server, tiny_tokenizer, prompts, tmp_path, sharp_tiny):
     greedy = {"input_ids": prompts[0], "sampling_params": {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}}
     before = post(server, "/generate", greedy).json()
-    other = sharp(tiny_tokenizer, 11)
+    other = sharp_tiny(11)
     other.save_pretrained(tmp_path / "v5")
     r = post(server, "/update_weights_from_disk", {"model_path": str(tmp_path / "v5"), "weight_version": 5})
     assert r.status_code == 200 and r.json()["success"] is True

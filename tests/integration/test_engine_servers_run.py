@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,12 +90,19 @@ def test_a_run_on_one_server_equals_the_local_run(tmp_path):
 
 
 def test_killing_the_only_server_ends_the_run_with_one_line(tmp_path):
+    """Also: the token in $SEEKRL_TEST_ENGINE_TOKEN (engine.token_env) guards the started server."""
     run = tmp_path / "dies"
-    proc = subprocess.Popen(train_cmd(tmp_path, "dies", "train.steps=500", "engine.servers=1", "engine.timeout_s=20"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "SEEKRL_TEST_ENGINE_TOKEN": "t0ken"}
+    proc = subprocess.Popen(train_cmd(tmp_path, "dies", "train.steps=500", "engine.servers=1", "engine.timeout_s=20",
+                                      "engine.token_env=SEEKRL_TEST_ENGINE_TOKEN"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         pids = server_pids(run)
         wait_steps(proc, run, 2)
+        url = json.loads((run / "engine" / "servers.json").read_text())[0]["url"]
+        assert httpx.get(url + "/model_info", timeout=10).status_code == 401
+        assert httpx.get(url + "/model_info", headers={"Authorization": "Bearer t0ken"}, timeout=10).json()["weight_version"] >= 1
+        assert "t0ken" not in (run / "config.yaml").read_text()  # the secret stays out of the saved config
         os.kill(pids[0], signal.SIGKILL)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=20 + 60)
@@ -170,3 +178,28 @@ def test_seekrl_eval_on_a_started_server_equals_eval_in_process(tmp_path):
         {k: v for k, v in b.items() if not k.startswith("eval/time")}, abs=1e-9)
     pids = [s["pid"] for s in json.loads((tmp_path / "remote" / "eval" / "engine" / "servers.json").read_text())]
     assert_gone(pids, timeout=1.0)
+
+
+def test_a_hung_server_times_out_and_ends_the_run_with_one_line(tmp_path):
+    """A server that stops answering (SIGSTOP) is a dead server after engine.timeout_s: the run
+    ends with one line naming it, no hang; the stopped process is killed on the way out."""
+    run = tmp_path / "hung"
+    proc = subprocess.Popen(train_cmd(tmp_path, "hung", "train.steps=500", "engine.servers=1", "engine.timeout_s=3"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = server_pids(run)
+        wait_steps(proc, run, 2)
+        os.kill(pids[0], signal.SIGSTOP)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=3 + 60)
+        assert time.monotonic() - t0 < 3 + 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert "unreachable" in lines[-1] and "engine.timeout_s=3" in lines[-1]
+    assert_gone(pids)

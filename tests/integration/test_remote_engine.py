@@ -31,16 +31,6 @@ def run(coro, timeout=120.0):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-def sharp(tokenizer, seed):
-    model = make_tiny_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=seed)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.25, generator=gen)
-    return model.eval()
-
-
 class Servers:
     """n engine-server apps, each on its own copy of `model`, started in threads."""
 
@@ -62,8 +52,8 @@ class Servers:
         return [s.url for s in self.live]
 
 
-def test_remote_samples_what_the_local_engine_samples(tiny_tokenizer):
-    model = sharp(tiny_tokenizer, 4)
+def test_remote_samples_what_the_local_engine_samples(tiny_tokenizer, sharp_tiny):
+    model = sharp_tiny(4)
     tasks = make_tiny_tasks("copy", n=6, seed=0)
     workflow = SingleTurnWorkflow(tiny_tokenizer, SamplingParams(max_new_tokens=8, temperature=1.0), Rubric(["qa_f1"]))
     params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=1234)
@@ -81,8 +71,8 @@ def test_remote_samples_what_the_local_engine_samples(tiny_tokenizer):
         assert a.reward == b.reward and b.versions == [0] * len(b.completion_ids)
 
 
-def test_routing_is_least_loaded_and_sticky_per_episode(tiny_tokenizer):
-    model = sharp(tiny_tokenizer, 5)
+def test_routing_is_least_loaded_and_sticky_per_episode(tiny_tokenizer, sharp_tiny):
+    model = sharp_tiny(5)
     prompt = tiny_tokenizer.encode("copy: 1 2 3", add_special_tokens=False)
     with Servers(model, tiny_tokenizer, 2) as s:
         engine = RemoteEngine(s.urls)
@@ -104,9 +94,9 @@ def test_routing_is_least_loaded_and_sticky_per_episode(tiny_tokenizer):
         assert [srv.requests for srv in engine.servers] == per_server
 
 
-def test_disk_weight_sync_loads_new_weights_on_every_server(tiny_tokenizer, tmp_path):
-    model = sharp(tiny_tokenizer, 6)
-    trained = sharp(tiny_tokenizer, 7)  # stands in for the policy after an update
+def test_disk_weight_sync_loads_new_weights_on_every_server(tiny_tokenizer, sharp_tiny, tmp_path):
+    model = sharp_tiny(6)
+    trained = sharp_tiny(7)  # stands in for the policy after an update
     prompt = tiny_tokenizer.encode("copy: 4 5", add_special_tokens=False)
     greedy = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
     with Servers(model, tiny_tokenizer, 2) as s:
@@ -127,8 +117,8 @@ def test_disk_weight_sync_loads_new_weights_on_every_server(tiny_tokenizer, tmp_
         assert engine.metrics()["engine/weight_syncs"] == 3.0
 
 
-def test_a_dead_server_is_routed_around_and_the_last_one_is_named(tiny_tokenizer):
-    model = sharp(tiny_tokenizer, 8)
+def test_a_dead_server_is_routed_around_and_the_last_one_is_named(tiny_tokenizer, sharp_tiny):
+    model = sharp_tiny(8)
     prompt = tiny_tokenizer.encode("copy: 9", add_special_tokens=False)
     with Servers(model, tiny_tokenizer, 2) as s:
         engine = RemoteEngine(s.urls, timeout_s=5)
@@ -149,8 +139,8 @@ def test_a_dead_server_is_routed_around_and_the_last_one_is_named(tiny_tokenizer
         assert s.urls[0] in str(err.value) and s.urls[1] in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_bad_request_is_not_a_dead_server(tiny_tokenizer, tmp_path):
-    model = sharp(tiny_tokenizer, 9)
+def test_a_bad_request_is_not_a_dead_server(tiny_tokenizer, sharp_tiny, tmp_path):
+    model = sharp_tiny(9)
     with Servers(model, tiny_tokenizer, 1) as s:
         engine = RemoteEngine(s.urls, weights_dir=tmp_path / "w")
         with pytest.raises(EngineRequestError, match="outside the vocabulary"):
