@@ -206,7 +206,9 @@ def _shared_prefix_hidden(decoder, mb: MicroBatch) -> torch.Tensor:
 def can_share_prefix(model) -> bool:
     """The shared-prefix pass needs the KV cache, which gradient checkpointing turns off."""
     base = _unwrap(model)
-    return not (getattr(base, "is_activation_checkpointing", False) or getattr(base, "is_gradient_checkpointing", False))
+    if hasattr(base, "is_activation_checkpointing"):  # transformers 5: the old name warns that it is deprecated
+        return not base.is_activation_checkpointing
+    return not getattr(base, "is_gradient_checkpointing", False)
 
 
 def completion_logits(model, mb: MicroBatch, temperature: float) -> torch.Tensor:

@@ -288,7 +288,7 @@ def test_smollm2_gguf_greedy_and_logprobs():
 
 
 def test_sampler_filters_like_hf_and_draws_the_right_frequencies():
-    from seekrl.engines.local import _RowSampler
+    from seekrl.engines.sampling import _RowSampler
 
     probs_V = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
     logits_V = probs_V.clamp_min(1e-12).log()

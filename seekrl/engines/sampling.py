@@ -1,0 +1,287 @@
+"""The sampling thread's machinery behind LocalEngine (engines/local.py): the running batch.
+
+`_Batch` holds the rows being sampled, their KV cache (`transformers.DynamicCache`), attention
+mask (left padding is 0), next positions and the logits of their next token. Rows are added by a
+prefill (each distinct prompt once, its cache expanded to the rows that share it) and merged into
+the running cache by left-padding the shorter of the two (continuous batching); finished rows are
+dropped from the cache and the left columns no row attends to are cut off. `_RowSampler` draws
+one token per row (temperature / top-k / top-p per row, an inverse-CDF draw from the engine's
+generator or the row's own seeded one) and returns its log-prob under log_softmax(logits / T).
+Everything here runs on LocalEngine's sampling thread; rows are answered through the engine's
+`_deliver` (thread-safe) as soon as they end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+from seekrl.types import Completion, SamplingParams
+
+if TYPE_CHECKING:
+    from seekrl.engines.local import LocalEngine, _Request
+
+
+@dataclasses.dataclass(eq=False)
+class _Row:
+    """One request in the running batch: what it has sampled so far, and how it ends."""
+
+    req: _Request
+    i: int  # its index in the batch's `params` (the row sampler and seeded generators key on it)
+    params: SamplingParams
+    enders: set[int]  # token ids that end it (EOS unless ignore_eos, stop_token_ids)
+    stops: tuple[str, ...]
+    window: int  # tokens decoded to look for a stop string
+    prefix: list[int]  # tail of the tokens sampled before a retract (a stop string may span the cut)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logps: list[float] = dataclasses.field(default_factory=list)
+    vers: list[int] = dataclasses.field(default_factory=list)
+    reason: str | None = None
+    fwd: int = 0  # version of the weights whose forward pass gave the row's current logits
+
+
+class _Batch:
+    """The sampling thread's running batch: rows in KV-cache order, their cache, attention mask
+    (left padding is 0), next positions and the logits of their next token.
+
+    Rows are added by a prefill (each distinct prompt once, its cache expanded to the rows that
+    share it) and merged into the running cache by left-padding the shorter of the two caches;
+    finished rows are dropped from the cache (`compact`), and columns that no row attends to any
+    more are cut off the left, so a long-lived batch does not grow without bound."""
+
+    def __init__(self, engine: LocalEngine):
+        from transformers.cache_utils import DynamicLayer
+
+        self.e, self.dev = engine, engine.device
+        self.rows: list[_Row] = []  # in cache order; finished rows ride along until compacted
+        self.all_rows: list[_Row] = []
+        self.params: list[SamplingParams] = []
+        self.gens: dict[int, torch.Generator] = {}
+        self.cache = self.mask_bL = self.pos_b1 = self.logits_bV = self.tok_b = None
+        self.sampler: _RowSampler | None = None
+        self.done = 0  # finished rows still in the cache
+        self._plain_layer = DynamicLayer
+        self.can_join = True  # left-padding merges need plain DynamicLayer caches (no sliding windows)
+
+    def active(self) -> int:
+        return len(self.rows) - self.done
+
+    # -- adding rows
+    def add(self, reqs: list[_Request], version: int) -> None:
+        if not reqs:
+            return
+        e, dev = self.e, self.dev
+        new: list[_Row] = []
+        prompts = []
+        for r in reqs:
+            prompt, p = r.remaining()
+            i = len(self.params)
+            self.params.append(p)
+            stops = tuple(x for x in p.stop if x)
+            row = _Row(r, i, p, set(p.stop_token_ids) | (set() if p.ignore_eos else e.eos_ids), stops,
+                       max((len(x) for x in stops), default=0) + 4, list(r.done.token_ids[-64:]) if r.done else [])
+            if p.seed is not None and p.temperature > 0:
+                g = torch.Generator(device=dev)
+                g.manual_seed(int(p.seed))
+                if r.gen_state is not None:  # a retracted request goes on drawing where it stopped
+                    g.set_state(r.gen_state)
+                self.gens[i] = g
+            new.append(row)
+            prompts.append(prompt)
+        self.all_rows.extend(new)
+        e.stats["requests"] += len(new)
+        # The G samples of a task share their prompt: prefill each distinct prompt once.
+        distinct: dict[tuple, int] = {}
+        row_u = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        uniq = [list(k) for k in distinct]
+        ulens = [len(p) for p in uniq]
+        L = max(ulens)
+        input_ids = torch.tensor([[e.pad_id] * (L - n) + p for p, n in zip(uniq, ulens)], dtype=torch.long, device=dev)
+        mask_uL = torch.tensor([[0] * (L - n) + [1] * n for n in ulens], dtype=torch.long, device=dev)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=e.model.config)
+        out = e.model(input_ids=input_ids, attention_mask=mask_uL, position_ids=(mask_uL.cumsum(-1) - 1).clamp_min(0),
+                      past_key_values=cache, use_cache=True, logits_to_keep=1)
+        e.stats["forward_steps"] += 1
+        e.stats["prefill_tokens"] += sum(ulens)
+        logits_nV, mask_nL = out.logits[:, -1, :], mask_uL
+        if len(uniq) < len(new):
+            row_u_t = torch.tensor(row_u, dtype=torch.long, device=dev)
+            cache.reorder_cache(row_u_t)
+            logits_nV, mask_nL = logits_nV[row_u_t], mask_nL[row_u_t]
+        pos_n1 = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)[:, None]
+        for row in new:
+            row.fwd = version
+        self._merge(cache, mask_nL, pos_n1, logits_nV)
+        self.rows.extend(new)
+        self.sampler = _RowSampler(self.params, [r.i for r in self.rows], dev)
+        e.stats["max_rows"] = max(e.stats["max_rows"], self.active())
+
+    def _merge(self, cache, mask_nL, pos_n1, logits_nV) -> None:
+        if self.cache is None:
+            self.cache, self.mask_bL, self.pos_b1, self.logits_bV = cache, mask_nL, pos_n1, logits_nV
+            self.can_join = all(type(layer) is self._plain_layer for layer in cache.layers)
+            return
+        L = max(self.mask_bL.shape[1], mask_nL.shape[1])
+        pad = torch.nn.functional.pad
+        for old, new in zip(self.cache.layers, cache.layers):
+            old.keys = torch.cat([pad(old.keys, (0, 0, L - old.keys.shape[-2], 0)), pad(new.keys, (0, 0, L - new.keys.shape[-2], 0))])
+            old.values = torch.cat([pad(old.values, (0, 0, L - old.values.shape[-2], 0)),
+                                    pad(new.values, (0, 0, L - new.values.shape[-2], 0))])
+        self.mask_bL = torch.cat([pad(self.mask_bL, (L - self.mask_bL.shape[1], 0)), pad(mask_nL, (L - mask_nL.shape[1], 0))])
+        self.pos_b1 = torch.cat([self.pos_b1, pos_n1])
+        self.logits_bV = torch.cat([self.logits_bV, logits_nV])
+
+    # -- one step
+    def step(self) -> None:
+        """Sample one token for every unfinished row from `logits_bV`; answer the rows that end."""
+        e = self.e
+        retract = e._retract  # read once per step (set from the loop's thread)
+        gen_before = {i: g.get_state() for i, g in self.gens.items()} if retract else {}
+        tok_b, lp_b = self.sampler.pick(self.logits_bV, e.generator, self.gens)
+        self.tok_b = tok_b
+        host = torch.stack([tok_b.double(), lp_b.double()]).tolist()  # the one sync per step
+        for j, row in enumerate(self.rows):
+            if row.reason is not None:
+                continue
+            if row.req.aborted:
+                row.reason = "abort"
+            elif retract:
+                row.reason = "retract"
+                if row.i in self.gens:  # this step's draw is not used: rewind it
+                    self.gens[row.i].set_state(gen_before[row.i])
+                    row.req.gen_state = gen_before[row.i]
+            else:
+                tok = int(host[0][j])
+                row.tokens.append(tok)
+                row.logps.append(host[1][j])
+                row.vers.append(row.fwd)
+                if tok in row.enders:
+                    row.reason = "stop"
+                elif row.stops and any(x in e._decode((row.prefix + row.tokens)[-row.window :]) for x in row.stops):
+                    row.reason = "stop"
+                elif len(row.tokens) >= row.params.max_new_tokens:
+                    row.reason = "length"
+            if row.reason is not None:
+                self.done += 1
+                e.stats["tokens"] += len(row.tokens)
+                e.stats["aborted"] += row.reason == "abort"
+                e._deliver(row.req, _completion(row.tokens, row.logps, row.reason, row.vers, row.fwd))
+
+    def compact(self, force: bool = False) -> None:
+        """Drop finished rows from the cache once enough are done (or before rows join), and the
+        left columns no remaining row attends to."""
+        if not self.done or not (force or self.done >= max(1.0, self.e.compact_fraction * len(self.rows))):
+            return
+        keep = [j for j, row in enumerate(self.rows) if row.reason is None]
+        self.rows = [self.rows[j] for j in keep]
+        self.done = 0
+        if not keep:
+            self.cache = self.mask_bL = self.pos_b1 = self.logits_bV = self.tok_b = None
+            return
+        keep_t = torch.tensor(keep, dtype=torch.long, device=self.dev)
+        self.cache.batch_select_indices(keep_t)
+        self.mask_bL, self.pos_b1, self.tok_b = self.mask_bL[keep_t], self.pos_b1[keep_t], self.tok_b[keep_t]
+        self.logits_bV = self.logits_bV[keep_t]
+        first = int(self.mask_bL.any(dim=0).nonzero()[0])  # columns left of it are padding for every row
+        if first > 0 and self.can_join:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            self.mask_bL = self.mask_bL[:, first:]
+        self.sampler = _RowSampler(self.params, [r.i for r in self.rows], self.dev)
+
+    def decode(self, version: int) -> None:
+        """One forward pass of every row's last token: the logits of the next step."""
+        self.mask_bL = torch.cat([self.mask_bL, self.mask_bL.new_ones(len(self.rows), 1)], dim=1)
+        out = self.e.model(input_ids=self.tok_b[:, None], attention_mask=self.mask_bL, position_ids=self.pos_b1,
+                           past_key_values=self.cache, use_cache=True)
+        self.logits_bV = out.logits[:, -1, :]
+        self.pos_b1 = self.pos_b1 + 1
+        for row in self.rows:
+            row.fwd = version
+        self.e.stats["forward_steps"] += 1
+
+
+def _joined(before: Completion | None, after: Completion) -> Completion:
+    """A retracted request's tokens so far, then what it sampled after it was put back."""
+    if before is None:
+        return after
+    vers = before.token_versions() + after.token_versions()
+    tokens, logps = before.token_ids + after.token_ids, before.logprobs + after.logprobs
+    return _completion(tokens, logps, after.finish_reason, vers, after.version)
+
+
+def _completion(tokens: list[int], logps: list[float], reason: str, vers: list[int], current: int) -> Completion:
+    """A Completion stamped with its first token's version; per-token versions only when they differ."""
+    version = vers[0] if vers else current
+    spans = None if all(v == version for v in vers) else vers
+    return Completion(tokens, logps, reason, version, spans)
+
+
+class _RowSampler:
+    """Per-row temperature / top-k / top-p for the current batch rows, as tensors."""
+
+    def __init__(self, params: list[SamplingParams], rows: list[int], device: torch.device):
+        ps = [params[i] for i in rows]
+        self.rows = rows
+        self.greedy = [p.temperature <= 0 for p in ps]
+        self.all_greedy = all(self.greedy)
+        self.any_greedy = any(self.greedy)
+        temps = [1.0 if g else float(p.temperature) for g, p in zip(self.greedy, ps)]
+        self.temp_b1 = None if all(t == 1.0 for t in temps) else torch.tensor(temps, device=device)[:, None]
+        self.greedy_b = torch.tensor(self.greedy, device=device) if self.any_greedy else None
+        top_k = [0 if g else int(p.top_k) for g, p in zip(self.greedy, ps)]
+        top_p = [1.0 if g else float(p.top_p) for g, p in zip(self.greedy, ps)]
+        self.any_top_k = any(k > 0 for k in top_k)
+        self.max_top_k = max(top_k)
+        self.any_top_p = any(p < 1.0 for p in top_p)
+        self.top_k_b = torch.tensor(top_k, device=device)
+        self.top_p_b1 = torch.tensor([p if p < 1.0 else 2.0 for p in top_p], device=device)[:, None]
+
+    def pick(self, logits_bV: torch.Tensor, generator: torch.Generator, row_gens: dict[int, torch.Generator]):
+        """Choose one token per row; return it and its log-prob under log_softmax(logits / T)."""
+        logits_bV = logits_bV.float()
+        scaled_bV = logits_bV if self.temp_b1 is None else logits_bV / self.temp_b1
+        logp_bV = torch.log_softmax(scaled_bV, dim=-1)
+        if self.all_greedy:
+            tok_b = logits_bV.argmax(dim=-1)
+        else:
+            if self.any_top_k or self.any_top_p:
+                probs_bV = torch.softmax(self._filter(scaled_bV), dim=-1)
+            else:
+                probs_bV = logp_bV.exp()
+            # Inverse-CDF draw: one uniform per row (cheap even for a 150k vocabulary).
+            cdf_bV = probs_bV.double().cumsum_(dim=-1)
+            u_b = torch.rand(len(self.rows), generator=generator, dtype=torch.float64, device=cdf_bV.device)
+            for j, i in enumerate(self.rows):
+                if i in row_gens:
+                    u_b[j] = torch.rand((), generator=row_gens[i], dtype=torch.float64, device=cdf_bV.device)
+            x_b1 = (u_b * cdf_bV[:, -1])[:, None]
+            tok_b = torch.searchsorted(cdf_bV, x_b1, right=True).squeeze(1).clamp_max_(cdf_bV.shape[1] - 1)
+            if self.any_greedy:
+                tok_b = torch.where(self.greedy_b, logits_bV.argmax(dim=-1), tok_b)
+        lp_b = logp_bV.gather(1, tok_b[:, None]).squeeze(1)
+        return tok_b, lp_b
+
+    def _filter(self, scaled_bV: torch.Tensor) -> torch.Tensor:
+        """Mask (-inf) the tokens outside top-k, then outside the top-p nucleus of what is left."""
+        V = scaled_bV.shape[-1]
+        k_b = torch.where(self.top_k_b > 0, self.top_k_b.clamp(max=V), V)
+        if not self.any_top_p:  # top-k only: a partial top-k is much cheaper than a full sort
+            kmax = min(self.max_top_k, V)
+            top_bK = scaled_bV.topk(kmax, dim=-1).values
+            thresh_b1 = top_bK.gather(1, (k_b.clamp(max=kmax) - 1)[:, None])
+            thresh_b1 = thresh_b1.masked_fill(self.top_k_b[:, None] <= 0, float("-inf"))
+            return scaled_bV.masked_fill(scaled_bV < thresh_b1, float("-inf"))
+        sorted_bV = scaled_bV.sort(dim=-1, descending=True).values
+        if self.any_top_k:
+            ranks_V = torch.arange(V, device=scaled_bV.device)
+            sorted_bV = sorted_bV.masked_fill(ranks_V[None, :] >= k_b[:, None], float("-inf"))
+        probs_bV = torch.softmax(sorted_bV, dim=-1)
+        before_bV = probs_bV.cumsum(dim=-1) - probs_bV  # mass strictly above each rank
+        n_keep_b = torch.minimum(k_b, (before_bV < self.top_p_b1).sum(dim=-1).clamp_min(1))
+        thresh_b1 = sorted_bV.gather(1, (n_keep_b - 1)[:, None])
+        return scaled_bV.masked_fill(scaled_bV < thresh_b1, float("-inf"))
