@@ -260,6 +260,8 @@ class TrainConfig:
     """auto (continue from the run folder's last checkpoint) | never | a checkpoint path."""
     max_steps_this_run: int = 0
     """Stop after this many steps in this process (0: no limit); for preemption tests and time slicing."""
+    max_nonfinite: int = 3
+    """An update whose loss or gradient norm is nan/inf is skipped (weights untouched, counted in train/nonfinite_skipped); after this many such steps in a row the run stops with exit 2, its checkpoints holding the last finite weights (0: never stop)."""
 
 
 @dataclass
@@ -485,6 +487,39 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return parts[0], parts[1], value
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping that holds one key twice (YAML forbids it; plain safe_load keeps the last)."""
+
+    def __init__(self, key: str, line: int, first: int):
+        super().__init__(f"duplicate key '{key}' at line {line} (first at line {first})")
+        self.key, self.line, self.first = key, line, first
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping; merge keys (<<) still override."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._paths: dict = {}  # a nested mapping node -> the "section." prefix that names its keys
+
+    def construct_mapping(self, node, deep=False):
+        prefix = self._paths.get(node, "")
+        seen: dict = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader reports it
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise DuplicateKeyError(f"{prefix}{key}", key_node.start_mark.line + 1, first)
+            if isinstance(value_node, yaml.MappingNode):  # name nested keys section.key
+                self._paths[value_node] = f"{prefix}{key}."
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML file, apply `section.key=value` overrides, validate. Raises ConfigError."""
     cfg = Config()
@@ -493,7 +528,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not p.is_file():
             raise ConfigError(f"config file '{path}' not found; pass a YAML file such as examples/tiny_grpo.yaml")
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}  # noqa: S506 (a SafeLoader)
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not valid UTF-8 (byte {e.start}); save the config as UTF-8") from None
+        except DuplicateKeyError as e:
+            raise ConfigError(f"{path}:{e.line}: duplicate key '{e.key}' (first at line {e.first}); keep one of them") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f":{mark.line + 1}" if mark else ""

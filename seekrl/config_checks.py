@@ -3,12 +3,13 @@ one fails before any model loads, with a one-line `ConfigError` that names the k
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from seekrl.config import ALGOS, LOSS_AGGS, Config, ConfigError, ModelConfig, _did_you_mean
 
-__all__ = ["validate", "server_kind"]
+__all__ = ["validate", "server_kind", "check_model_folder"]
 
 
 def _choice(key: str, value: str, options) -> None:
@@ -18,6 +19,118 @@ def _choice(key: str, value: str, options) -> None:
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+DATA_SLICE = re.compile(r"^(?P<spec>.+)\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")  # as train/setup.py's _SLICE
+TINY_ROWS = 512  # rows of a sliced tiny:<kind> source (train/setup.py load_split)
+
+
+def _check_data_specs(cfg: Config) -> None:
+    """data.train / data.eval: every comma-separated source's trailing [start:stop] holds integers and
+    can select rows (an empty slice is refused here when it is empty whatever the source holds, else
+    when the data loads); tiny:<kind> names a kind that exists."""
+    from seekrl.data.tiny import KINDS
+
+    if not cfg.data.train.strip():
+        raise ConfigError("data.train is empty; name a data set (e.g. data.train=gsm8k or data.train=tiny:copy)")
+    for key, spec in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval or "")):
+        for part in (x.strip() for x in spec.split(",")):
+            try:
+                if not part or Path(part).exists():
+                    continue
+            except OSError as e:  # a name too long for the file system
+                raise ConfigError(f"{key}: '{part[:80]}...' is not a usable file name ({e.strerror})") from None
+            source = part
+            if part.endswith("]") and "[" in part:
+                m = DATA_SLICE.match(part)
+                source = part[: part.rindex("[")]
+                if m is None:
+                    raise ConfigError(f"{key}: '{part}' ends in a slice that is not [start:stop] with integers "
+                                      f"(e.g. {source}[0:200] or {source}[200:])")
+                start, stop = (int(m[k]) if m[k] else None for k in ("start", "stop"))
+                lo = start or 0
+                tiny = source.startswith("tiny:")
+                empty = (not range(TINY_ROWS)[start:stop]) if tiny else (
+                    stop is not None and (lo >= 0) == (stop >= 0) and stop <= lo)
+                if empty:
+                    has = f"{source} has {TINY_ROWS} rows" if tiny else "empty whatever the source holds"
+                    hint = f"{source}[{stop}:{start}]" if start is not None and stop is not None and start > stop else f"{source}[0:200]"
+                    raise ConfigError(f"{key}: '{part}' selects no rows ({has}); rows start..stop-1 are taken, e.g. {hint}")
+            if source.startswith("tiny:") and source[5:].partition(":")[0] not in KINDS:
+                kind = source[5:].partition(":")[0]
+                raise ConfigError(f"{key}: unknown tiny task '{kind}' in '{part}'; choose one of "
+                                  f"{', '.join('tiny:' + k for k in KINDS)}{_did_you_mean(kind, KINDS, 'tiny:', list_known=False)}")
+
+
+def _safetensors_problem(f: Path) -> str | None:
+    """What is wrong with a .safetensors file, read from its header only (None: it is whole).
+
+    The format: an 8-byte little-endian header length N, N bytes of JSON mapping each tensor to
+    its `data_offsets` [begin, end) in the data that follows; the file ends where the last tensor does."""
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            return f"is {size} bytes, too short for a safetensors file (it starts with an 8-byte header length)"
+        n = int.from_bytes(head, "little")
+        if 8 + n > size:
+            return f"is truncated or not a safetensors file: its header length says {n} bytes, the file has {size}"
+        if n > 100_000_000:
+            return f"has a header of {n} bytes, over safetensors' limit of 100 MB"
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return "has a header that is not valid JSON"
+    if not isinstance(header, dict):
+        return "has a header that is not a JSON object"
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(x) is int and x >= 0 for x in offsets)):
+            return f"has a malformed header entry for tensor '{name}'"
+        end = max(end, offsets[1])
+    expected = 8 + n + end
+    if size < expected:
+        return f"is truncated: {size} bytes, its header needs {expected}"
+    if size > expected:
+        return f"has {size - expected} bytes past the end of its last tensor"
+    return None
+
+
+def check_model_folder(folder: str | Path, key: str = "model.path") -> None:
+    """A model folder loads only if its config.json is a JSON object naming a `model_type`, the shards
+    its model.safetensors.index.json lists exist, and every *.safetensors file is whole (read from the
+    headers, no weights loaded). Raises a one-line ConfigError naming the file and the fix."""
+    p = Path(folder)
+    config = p / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"{key}: folder '{folder}' has no config.json; point it at a model folder (e.g. a checkpoint's model/)")
+    try:
+        data = json.loads(config.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{key}: {config} is not valid UTF-8 (byte {e.start}); restore it from the model's source") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{key}: {config} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                          "restore it from the model's source or save the model again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str) or not data["model_type"]:
+        raise ConfigError(f"{key}: {config} has no \"model_type\" (e.g. \"llama\", \"qwen2\"), so transformers cannot "
+                          "tell which model it describes; restore it from the model's source or save the model again")
+    index = p / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_bytes().decode("utf-8")).get("weight_map")
+        except (UnicodeDecodeError, ValueError, AttributeError):
+            weight_map = None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ConfigError(f"{key}: {index} is not a JSON object with a \"weight_map\" of tensor -> file; restore it")
+        missing = sorted(v for v in set(weight_map.values()) if not (p / v).is_file())
+        if missing:
+            raise ConfigError(f"{key}: {index} lists {len(missing)} shard(s) that are missing, first '{missing[0]}'; copy the whole folder")
+    for f in sorted(p.glob("*.safetensors")):
+        problem = _safetensors_problem(f)
+        if problem:
+            raise ConfigError(f"{key}: {f} {problem}; the file is damaged (an interrupted copy or save?): copy or save it again")
 
 
 def _check_model_path(m: ModelConfig) -> None:
@@ -32,8 +145,7 @@ def _check_model_path(m: ModelConfig) -> None:
         if not p.is_file():
             raise ConfigError(f"model.path: GGUF file '{m.path}' does not exist")
     elif p.is_dir():
-        if not (p / "config.json").is_file():
-            raise ConfigError(f"model.path: folder '{m.path}' has no config.json; point it at a model folder (e.g. a checkpoint's model/)")
+        check_model_folder(m.path)
     elif not HUB_ID.match(m.path) or m.path.startswith((".", "/")):
         raise ConfigError(
             f"model.path: '{m.path}' is not a model folder, a .gguf file, 'tiny', 'smollm2' or a hub id (org/name)"
@@ -102,8 +214,59 @@ def server_kind(cfg: Config) -> str:
     return "vllm" if e.api == "vllm" else "seekrl"
 
 
+def _check_floats(cfg: Config) -> None:
+    """Every float key is a finite number (nan compares false with everything, so a range check
+    alone lets it through, and inf passes `>= 0`), and the keys below are in their range. Keys
+    whose range `validate` checks itself (algo.clip_low, algo.gamma, rollout.top_p, ...) only get
+    the finiteness check here."""
+    import math
+    import typing
+
+    from seekrl.config import SECTIONS
+
+    a, t, g, d = cfg.algo, cfg.train, cfg.generate, cfg.demo
+    lr = "a finite number >= 0 (e.g. 1e-6 for a real model, 1e-3 for the tiny one; 0 freezes it)"
+    positive = "a finite number > 0 (seconds)"
+    ranges = [  # (key, value, allowed, in range)
+        ("train.lr", t.lr, lr, lambda v: v >= 0),
+        ("train.critic_lr", t.critic_lr, lr, lambda v: v >= 0),
+        ("demo.pretrain_lr", d.pretrain_lr, lr, lambda v: v >= 0),
+        ("demo.sft_lr", d.sft_lr, lr, lambda v: v >= 0),
+        ("train.weight_decay", t.weight_decay, "a finite number >= 0 (e.g. 0.0 or 0.01)", lambda v: v >= 0),
+        ("train.min_lr_ratio", t.min_lr_ratio, "in [0, 1] (the cosine floor as a fraction of train.lr)", lambda v: 0 <= v <= 1),
+        ("train.max_grad_norm", t.max_grad_norm, "a finite number > 0 (e.g. 1.0; 1e6 clips nothing)", lambda v: v > 0),
+        ("model.lora_dropout", cfg.model.lora_dropout, "in [0, 1) (e.g. 0.05)", lambda v: 0 <= v < 1),
+        ("algo.clip_high", a.clip_high, "a finite number >= 0 (0.2, or 0.28 for DAPO's clip-higher)", lambda v: v >= 0),
+        ("algo.kl_coef", a.kl_coef, "a finite number >= 0 (0 disables the reference model)", lambda v: v >= 0),
+        ("algo.kl_target", a.kl_target, "a finite number > 0 (e.g. 0.01) or null for a fixed algo.kl_coef", lambda v: v > 0),
+        ("algo.value_clip", a.value_clip, "a finite number > 0 (e.g. 0.2) or null for no clipping", lambda v: v > 0),
+        ("rollout.temperature", cfg.rollout.temperature, "a finite number >= 0 (0: greedy)", lambda v: v >= 0),
+        ("eval.temperature", cfg.eval.temperature, "a finite number >= 0 (0: greedy)", lambda v: v >= 0),
+        ("generate.temperature", g.temperature, "a finite number >= 0 (0: greedy)", lambda v: v >= 0),
+        ("tools.timeout_s", cfg.tools.timeout_s, positive, lambda v: v > 0),
+        ("engine.timeout_s", cfg.engine.timeout_s, positive, lambda v: v > 0),
+        ("engine.startup_timeout_s", cfg.engine.startup_timeout_s, positive, lambda v: v > 0),
+        ("generate.timeout_s", g.timeout_s, positive, lambda v: v > 0),
+        ("reward.repetition_max_penalty", cfg.reward.repetition_max_penalty, "a finite number <= 0 (e.g. -1.0)", lambda v: v <= 0),
+    ]
+    for key, value, allowed, ok in ranges:
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise ConfigError(f"{key}: must be {allowed}, got {value}")
+    for section, cls in SECTIONS.items():  # the rest: any float anywhere, lists included
+        for key, hint in typing.get_type_hints(cls).items():
+            value = getattr(getattr(cfg, section), key)
+            for i, v in enumerate(value if isinstance(value, list) else [value]):
+                if isinstance(v, float) and not math.isfinite(v):
+                    where = f"{section}.{key}" + (f"[{i}]" if isinstance(value, list) else "")
+                    nullable = " or null" if type(None) in typing.get_args(hint) and not isinstance(value, list) else ""
+                    raise ConfigError(f"{where}: must be a finite number{nullable}, got {v}")
+    if t.max_nonfinite < 0:
+        raise ConfigError(f"train.max_nonfinite: must be >= 0 (0: never stop on nan/inf updates), got {t.max_nonfinite}")
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks that must fail before any model loads."""
+    _check_floats(cfg)
     m, r, a, t = cfg.model, cfg.rollout, cfg.algo, cfg.train
     _choice("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
     _choice("model.device", m.device, ("auto", "cpu", "cuda"))
@@ -157,6 +320,7 @@ def validate(cfg: Config) -> None:
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p: must be in (0, 1], got {r.top_p}")
     _check_tools(cfg)
+    _check_data_specs(cfg)
     _check_engine(cfg)
     g = cfg.generate
     if g.n < 1 or g.concurrency < 1 or g.retries < 0:
@@ -180,5 +344,19 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.lora_r: must be >= 0, got {m.lora_r}")
     if m.tiny_heads < 1 or m.tiny_hidden % m.tiny_heads:
         raise ConfigError(f"model.tiny_heads: must divide model.tiny_hidden ({m.tiny_hidden}), got {m.tiny_heads}")
+    from seekrl.types import MIN_TEMPERATURE
+
+    for key, temp in (("rollout.temperature", r.temperature), ("eval.temperature", cfg.eval.temperature),
+                      ("generate.temperature", cfg.generate.temperature)):
+        if 0 < temp < MIN_TEMPERATURE:  # float32 cannot sample there: NaN log-probs
+            raise ConfigError(f"{key}: {temp} is too small to sample with; use 0 (greedy) or at least {MIN_TEMPERATURE}")
+    if t.save_every < 0:
+        raise ConfigError(f"train.save_every: must be >= 0 (0: a checkpoint only at the end), got {t.save_every}")
+    if not 0 <= t.seed < 2**32:  # numpy's np.random.seed range (torch's is wider)
+        raise ConfigError(f"train.seed: must be in 0..{2**32 - 1} (what numpy and torch both accept), got {t.seed}")
+    name = cfg.log.name
+    if name and (Path(name).is_absolute() or ".." in Path(name).parts or not Path(name).parts):
+        raise ConfigError(f"log.name: '{name}' would put the run folder outside log.dir ('{cfg.log.dir}') or on it; "
+                          "give a name inside it, without '..' or a leading '/' (e.g. my_run or sweeps/lr_1e-3); move runs with log.dir")
     if m.tiny_intermediate < 0:
         raise ConfigError(f"model.tiny_intermediate: must be >= 0 (0 = 4 x tiny_hidden), got {m.tiny_intermediate}")

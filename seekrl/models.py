@@ -281,11 +281,21 @@ def load_model(
                 pretrained_model_name_or_path=gguf.parent, gguf_file=gguf.name
             )
         elif (Path(path) / "config.json").is_file():
+            from seekrl.config_checks import check_model_folder
+
+            check_model_folder(path)  # config.json and safetensors headers: one line naming the bad file
             src = dict(pretrained_model_name_or_path=path)
         else:
             raise ValueError(f"model.path '{path}' is not a folder with config.json, a .gguf file, 'tiny' or 'smollm2'")
-        tokenizer = AutoTokenizer.from_pretrained(**src)
-        model = _forget_gguf(AutoModelForCausalLM.from_pretrained(**src, dtype=torch_dtype))
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(**src)
+            model = _forget_gguf(AutoModelForCausalLM.from_pretrained(**src, dtype=torch_dtype))
+        except Exception as e:  # a damaged or foreign folder / file: one line, not a loader traceback
+            from seekrl.config import ConfigError
+
+            what = " ".join(str(e).split())
+            what = what if len(what) <= 400 else what[:397] + "..."
+            raise ConfigError(f"model.path: cannot load '{path}': {type(e).__name__}: {what}") from e
 
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

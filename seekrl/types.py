@@ -25,9 +25,13 @@ class Task:
         return hash((self.id, self.source))
 
 
+MIN_TEMPERATURE = 1e-5  # below it (and above 0) logits / T leaves float32's range: NaN log-probs
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one engine call samples. `max_new_tokens` counts sampled tokens only."""
+    """How one engine call samples. `max_new_tokens` counts sampled tokens only. A temperature is 0
+    (greedy) or at least MIN_TEMPERATURE (the servers and the config refuse what lies between)."""
 
     max_new_tokens: int = 256
     temperature: float = 1.0

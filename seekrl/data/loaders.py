@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -109,9 +110,25 @@ def _detect_format(path: Path) -> str:
 
 
 def _open_text(path: Path):
+    """UTF-8 text (a leading BOM dropped); a byte that is not UTF-8 reads as a lone surrogate
+    U+DC80..U+DCFF, which `_check_utf8` turns into a DataError naming its line."""
     if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="surrogateescape")
+    return open(path, encoding="utf-8-sig", errors="surrogateescape")
+
+
+_BAD_BYTE = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of a byte that is not UTF-8
+
+
+def _check_utf8(text: str, path: Path, first_line: int = 1) -> None:
+    """Raise DataError at the first byte of `text` (starting on line `first_line`) that was not UTF-8."""
+    bad = _BAD_BYTE.search(text)
+    if bad is None:
+        return
+    line = first_line + text.count("\n", 0, bad.start())
+    column = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+    raise DataError(f"{path}:{line}: not valid UTF-8 (byte 0x{ord(bad.group()) - 0xDC00:02x} at column {column}); "
+                    "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
 def _check_object(row: Any, where: str) -> dict:
@@ -123,6 +140,7 @@ def _check_object(row: Any, where: str) -> dict:
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     with _open_text(path) as f:
         for lineno, line in enumerate(f, start=1):
+            _check_utf8(line, path, lineno)
             if not line.strip():
                 continue
             try:
@@ -136,8 +154,10 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
 
 def _read_json(path: Path) -> Iterator[tuple[int, dict]]:
     with _open_text(path) as f:
+        text = f.read()
+        _check_utf8(text, path)
         try:
-            data = json.load(f)
+            data = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{e.lineno}: file is not valid JSON ({e.msg} at column {e.colno})") from None
     if isinstance(data, dict):  # {"data": [...]} / {"train": [...]}: one list-valued field

@@ -69,6 +69,7 @@ from seekrl.servers.guards import (
     add_status_routes,
     cancel_on_disconnect,
     check_port,
+    check_temperature,
     json_error,
     openapi_body,
     parse_json,
@@ -241,6 +242,7 @@ def make_app(
     def sampling(sp: EngineSampling | None, longest_prompt: int) -> SamplingParams:
         sp = sp or EngineSampling()
         sp.check_neutral()
+        check_temperature(sp.temperature, "sampling_params.temperature")
         max_new = default_max_new_tokens if sp.max_new_tokens is None else sp.max_new_tokens
         if context is not None and longest_prompt + max_new > context:
             raise HTTPError(400, f"prompt ({longest_prompt} tokens) + max_new_tokens ({max_new}) is over the model's "
@@ -330,8 +332,13 @@ def make_app(
             except ValueError:
                 raise HTTPError(400, f"weight_version must be an integer, got {req.weight_version!r}", "weight_version") from None
             folder = Path(req.model_path)
-            if not folder.is_dir() or not any(folder.glob("*.safetensors")):
-                raise HTTPError(400, f"model_path '{folder}' is not a folder with *.safetensors files", "model_path")
+            try:
+                usable = folder.is_dir() and any(folder.glob("*.safetensors"))
+            except (OSError, ValueError) as e:  # a name too long, a NUL byte, a folder it may not read
+                raise HTTPError(400, f"model_path '{str(folder)[:200]}' cannot be read: {type(e).__name__}: "
+                                     f"{getattr(e, 'strerror', None) or e}", "model_path") from None
+            if not usable:
+                raise HTTPError(400, f"model_path '{str(folder)[:200]}' is not a folder with *.safetensors files", "model_path")
             t0 = time.perf_counter()
             try:
                 await engine.update_weights(folder, version)
@@ -439,7 +446,10 @@ def serve_engine(
     engine = LocalEngine(model.eval().requires_grad_(False), tokenizer, max_batch_size=max_batch_size, seed=seed)
     app = make_app(engine, tokenizer, model_path=str(model_path), token=token, max_body_bytes=int(max_body_mb * 1e6),
                    max_prompts_per_request=max_prompts_per_request)
-    log.info("serving %s on http://%s:%d (SGLang native API)", model_path, host, port)
+    import sys
+
+    print(f"seekrl serve engine: {model_path} on http://{host}:{port} (SGLang's native API; "
+          f"{'bearer token required' if token else 'no token'})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "validation_message",
     "resolve_token",
     "check_port",
+    "check_temperature",
     "one_line",
 ]
 
@@ -332,6 +333,15 @@ def resolve_token(token: str | None, env_var: str, host: str, what: str) -> str 
     if host not in LOOPBACK and not token:
         log.warning("serving %s on %s without a token; set --token or $%s", what, host, env_var)
     return token
+
+
+def check_temperature(value: float | None, param: str = "temperature") -> None:
+    """400 for 0 < temperature < MIN_TEMPERATURE: float32 cannot sample there (NaN log-probs, a 500 when encoded)."""
+    from seekrl.types import MIN_TEMPERATURE
+
+    if value is not None and 0 < value < MIN_TEMPERATURE:
+        raise HTTPError(400, f"{param}={value} is too small to sample with; send 0 for greedy decoding or at least "
+                             f"{MIN_TEMPERATURE}", param)
 
 
 def check_port(port: int) -> None:

@@ -60,6 +60,7 @@ from seekrl.servers.guards import (
     add_status_routes,
     cancel_on_disconnect,
     check_port,
+    check_temperature,
     json_error,
     openapi_body,
     resolve_token,
@@ -176,6 +177,7 @@ def make_app(
         return req
 
     def sampling(req: _Sampling, prompt_len: int, max_tokens: int | None) -> tuple[SamplingParams, int]:
+        check_temperature(req.temperature)
         room = None if context is None else context - prompt_len
         if room is not None and room < 1:
             raise HTTPError(400, f"the prompt has {prompt_len} tokens; this model's context is {context} tokens", "messages")

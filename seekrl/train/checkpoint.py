@@ -15,16 +15,27 @@ A checkpoint is a folder `ckpt_root/step_<N>/`:
     state.json                  the caller's loop state (step, data iterator, KL controller, ...)
 
 Nothing is ever pickled or unpickled (no torch.save / torch.load), so loading a checkpoint
-cannot run code. A checkpoint is written into `step_<N>.tmp/` and renamed into place when
-complete; `latest_checkpoint` ignores `.tmp` folders and folders without state.json, so a
-process killed while saving resumes from the previous checkpoint. One process saves per
-`ckpt_root` (rank 0 under torch distributed).
+cannot run code. One process saves per `ckpt_root` (rank 0 under torch distributed).
+
+Crash safety. A checkpoint is written into `step_<N>.tmp/` (state.json last) and renamed into
+place when complete; then the pointer `ckpt_root/latest` (one line: the folder name, e.g.
+`step_12`) is replaced atomically (temp file, fsync, os.replace); only then are old checkpoints
+pruned (`keep_last`; never the one the pointer names) and stale `.tmp` / `.old` folders removed.
+So a process killed at any moment leaves the previous checkpoint and a pointer to it.
+Checkpoints can still be damaged after the fact (a full disk, a crash of the machine before the
+page cache reached the disk, a partial copy): `verify_checkpoint` checks, before anything is
+loaded, that every file a load reads exists and parses (state.json is a JSON object with an
+integer "step"; every JSON file parses; every safetensors file's header is valid and the file
+is as long as the header says, which catches truncation; the tensors optimizer.json names are in
+optimizer.safetensors). `resume_checkpoint` (train.resume) uses the pointer's checkpoint when it
+is intact, else the newest intact `step_<N>`, warning one line for each one it skips.
+Safetensors files carry no checksum: flipped bits inside tensor data are not detected.
 
     path = save_checkpoint("runs/x/ckpt", step, model=policy, optimizer=opt, scheduler=sched,
                            state={"step": step, "data": loader.state_dict()}, keep_last=2)
     ...
-    if (path := latest_checkpoint("runs/x/ckpt")) is not None:
-        state = load_checkpoint(path, model=policy, optimizer=opt, scheduler=sched)
+    if (found := resume_checkpoint("auto", "runs/x/ckpt", model=policy, optimizer=opt, scheduler=sched)):
+        path, state = found   # loaded: policy, opt and sched hold the checkpoint's values
 """
 
 from __future__ import annotations
@@ -41,9 +52,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from seekrl.config import ConfigError
+
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+LATEST = "latest"  # ckpt_root/latest: the name of the newest complete checkpoint folder
 _TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
 _DROP = object()  # a value that cannot be stored (lossy mode only)
 
@@ -228,10 +243,251 @@ def list_checkpoints(ckpt_root: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _read_latest(root: Path) -> str | None:
+    """The folder name `root/latest` holds (a valid `step_<N>` name), or None."""
+    try:
+        name = (root / LATEST).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if _STEP_DIR.match(name) else None
+
+
+def _write_latest(root: Path, name: str) -> None:
+    """Point `root/latest` at `name` atomically: a reader sees the old pointer or the new one."""
+    tmp = root / f"{LATEST}.tmp"
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / LATEST)
+
+
 def latest_checkpoint(ckpt_root: str | os.PathLike) -> Path | None:
-    """The complete checkpoint with the highest step, or None (`.tmp` and partial folders ignored)."""
+    """The checkpoint `ckpt_root/latest` names when it is complete (has state.json), else the
+    complete checkpoint with the highest step, or None (`.tmp` and partial folders ignored).
+    Complete is not intact: `verify_checkpoint` (or `resume_checkpoint`) checks the files."""
+    root = Path(ckpt_root)
+    name = _read_latest(root)
+    if name is not None and (root / name / "state.json").is_file():
+        return root / name
     found = list_checkpoints(ckpt_root)
     return found[-1][1] if found else None
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be loaded: missing, incomplete, corrupt or of another kind of run.
+
+    A ConfigError because `train.resume` chose it: the CLI prints the one-line message and exits
+    2. `reason` is the problem without the folder ("state.json is not valid JSON (...)")."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
+def _json_file(folder: Path, rel: str) -> Any:
+    try:
+        return json.loads((folder / rel).read_text())
+    except FileNotFoundError:
+        raise CheckpointError("", f"{rel} is missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError("", f"{rel} is not valid JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _tensor_refs(obj: Any, out: set[str]) -> set[str]:
+    """The tensor keys a tree written by `_save_tree` refers to."""
+    if isinstance(obj, list):
+        for v in obj:
+            _tensor_refs(v, out)
+    elif isinstance(obj, dict):
+        if set(obj) == {_TENSOR}:
+            out.add(str(obj[_TENSOR]))
+        else:
+            for v in obj.values():
+                _tensor_refs(v, out)
+    return out
+
+
+def _check_tree(folder: Path, name: str, keys: dict[str, set[str]]) -> None:
+    refs = _tensor_refs(_json_file(folder, f"{name}.json"), set())
+    if not refs:
+        return
+    st = f"{name}.safetensors"
+    if st not in keys:
+        raise CheckpointError("", f"{st} is missing ({name}.json refers to {len(refs)} tensors)")
+    missing = sorted(refs - keys[st])
+    if missing:
+        raise CheckpointError("", f"{st} lacks {len(missing)} tensors that {name}.json names (e.g. {missing[0]})")
+
+
+def _verified_state(
+    folder: Path, *, model: torch.nn.Module | None, optimizer: bool, scheduler: bool, critic: bool,
+    critic_optimizer: bool, restore_rng: bool, kind: str | None, require_step: bool,
+) -> Any:
+    """The checkpoint's state (state.json) if `folder` is intact for this load; raises
+    CheckpointError with only `reason` set otherwise."""
+    if not folder.exists():
+        raise CheckpointError("", "does not exist")
+    if not folder.is_dir():
+        raise CheckpointError("", "is not a folder")
+    if not (folder / "state.json").is_file():
+        raise CheckpointError("", "has no state.json (an incomplete save)")
+    state = _json_file(folder, "state.json")
+    step = state.get("step") if isinstance(state, dict) else None
+    if require_step and (isinstance(step, bool) or not isinstance(step, int)):
+        raise CheckpointError("", "state.json has no integer 'step'")
+    saved_kind = str(state.get("kind", "rl")) if isinstance(state, dict) else "?"
+    if kind is not None and saved_kind != kind:
+        command = {"rl": "seekrl train", "sft": "seekrl sft"}
+        raise CheckpointError("", f"is a checkpoint of {command.get(saved_kind, saved_kind)}, not of {command.get(kind, kind)}; "
+                                  f"to start from its weights, set model.path={folder / 'model'}")
+    # every file that parses must parse: JSON anywhere in the folder, safetensors headers
+    keys: dict[str, set[str]] = {}
+    for f in sorted(folder.rglob("*")):
+        rel = f.relative_to(folder).as_posix()
+        if f.suffix == ".json" and rel != "state.json":
+            _json_file(folder, rel)
+        elif f.suffix == ".safetensors":
+            try:
+                with safe_open(str(f), "pt") as st:
+                    keys[rel] = set(st.keys())
+            except Exception as e:  # SafetensorError (a bare Exception subclass), OSError
+                raise CheckpointError("", f"{rel} is truncated or not safetensors ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if model is not None:
+        if _is_peft(_unwrap(model)):
+            if "adapter/adapter_model.safetensors" not in keys:
+                raise CheckpointError("", "adapter/adapter_model.safetensors is missing (the model is a peft model)")
+        elif not any(k.startswith("model/") and k.count("/") == 1 for k in keys):
+            raise CheckpointError("", "model/ has no .safetensors weights")
+        index = folder / "model" / "model.safetensors.index.json"
+        if index.is_file():
+            index_json = _json_file(folder, "model/model.safetensors.index.json")
+            weight_map = index_json.get("weight_map") if isinstance(index_json, dict) else None
+            absent = sorted({f"model/{v}" for v in weight_map.values()} - set(keys)) if isinstance(weight_map, dict) else []
+            if absent:
+                raise CheckpointError("", f"{absent[0]} is missing (model.safetensors.index.json names it)")
+    for wanted, name in ((optimizer, "optimizer"), (scheduler, "scheduler"), (critic_optimizer, "critic_optimizer")):
+        if wanted:
+            if not (folder / f"{name}.json").is_file():
+                raise CheckpointError("", f"{name}.json is missing (it was saved without a {name.replace('_', ' ')})")
+            _check_tree(folder, name, keys)
+    if critic and "critic.safetensors" not in keys:
+        raise CheckpointError("", "critic.safetensors is missing (it was saved without a critic)")
+    if restore_rng:
+        if "torch_cpu" not in keys.get("rng.safetensors", set()):
+            raise CheckpointError("", "rng.safetensors is missing or has no torch_cpu state")
+        rng = _json_file(folder, "rng.json")
+        if not isinstance(rng, dict) or not {"python", "numpy"} <= set(rng):
+            raise CheckpointError("", "rng.json lacks the python or numpy state")
+    return state
+
+
+def verify_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    critic: torch.nn.Module | None = None,
+    critic_optimizer: torch.optim.Optimizer | None = None,
+    restore_rng: bool = True,
+    kind: str | None = None,
+    require_step: bool = False,
+) -> Any:
+    """Check, without loading anything, that `load_checkpoint(path, ...)` with the same arguments
+    finds every file it reads, intact (module docstring); return the state (state.json).
+
+    `kind` (e.g. "rl", "sft") must match state.json's "kind" (absent: "rl"); `require_step`:
+    the state must be an object with an integer "step" (what resuming needs). Raises
+    CheckpointError("checkpoint <path>: <reason>") otherwise.
+    """
+    folder = Path(path)
+    try:
+        return _verified_state(
+            folder, model=model, optimizer=optimizer is not None, scheduler=scheduler is not None,
+            critic=critic is not None, critic_optimizer=critic_optimizer is not None, restore_rng=restore_rng, kind=kind,
+            require_step=require_step,
+        )
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint {folder}: {e.reason}", e.reason) from None
+
+
+def _warn(message: str) -> None:
+    print(f"seekrl: warning: {message}", file=sys.stderr, flush=True)
+
+
+def find_checkpoint(resume: str, ckpt_root: str | os.PathLike, *, warn=_warn, **load_args) -> Path | None:
+    """The checkpoint `train.resume` names, verified for `load_checkpoint(path, **load_args)`.
+
+    "never": None. A path: that folder if intact, else CheckpointError. "auto": the folder
+    `ckpt_root/latest` names if intact, else the newest intact `step_<N>`; each one skipped is
+    reported by `warn` in one line ("skipping checkpoint <path>: <reason>"); None when there is
+    no `step_<N>` folder (a fresh run); CheckpointError when none is intact.
+    """
+    if resume == "never":
+        return None
+    if resume != "auto":
+        try:
+            verify_checkpoint(resume, require_step=True, **load_args)
+        except CheckpointError as e:
+            if e.reason.startswith("is a checkpoint of"):
+                raise CheckpointError(f"train.resume: '{resume}' {e.reason}", e.reason) from None
+            what = e.reason if e.reason.startswith(("does not", "is not")) else f"is not an intact checkpoint: {e.reason}"
+            raise CheckpointError(
+                f"train.resume: '{resume}' {what}; give a checkpoint folder (runs/<name>/checkpoints/step_<N>), auto or never",
+                e.reason,
+            ) from None
+        return Path(resume)
+    root = Path(ckpt_root)
+    numbered = []  # every step_<N> folder, complete or not: a damaged one is reported, not silently passed over
+    for child in root.iterdir() if root.is_dir() else ():
+        m = _STEP_DIR.match(child.name)
+        if m and child.is_dir():
+            numbered.append((int(m.group(1)), child))
+    folders = [p for _, p in sorted(numbered, reverse=True)]
+    pointed = _read_latest(root)
+    if pointed is not None:
+        if (root / pointed) in folders:
+            folders.remove(root / pointed)
+            folders.insert(0, root / pointed)
+        else:
+            warn(f"{root / LATEST} names {pointed}, which does not exist; using the newest intact checkpoint")
+    if not folders:
+        return None
+    for path in folders:
+        try:
+            verify_checkpoint(path, require_step=True, **load_args)
+            return path
+        except CheckpointError as e:
+            if e.reason.startswith("is a checkpoint of"):  # every folder of the run is of that kind
+                raise CheckpointError(f"train.resume=auto: {path} {e.reason}", e.reason) from None
+            warn(f"skipping checkpoint {path}: {e.reason}")
+    raise CheckpointError(
+        f"train.resume=auto: none of the {len(folders)} checkpoints in {root} is intact (warnings above); "
+        f"move them away to start over, or set train.resume to a checkpoint folder", "no intact checkpoint",
+    )
+
+
+def resume_checkpoint(resume: str, ckpt_root: str | os.PathLike, *, warn=_warn, **load_args) -> tuple[Path, dict] | None:
+    """Find the checkpoint `train.resume` names (`find_checkpoint`) and load it into what
+    `load_args` holds (model=..., optimizer=..., as `load_checkpoint` takes them, plus `kind`);
+    return (path, state), or None for a fresh run.
+
+    Weights that do not fit the model (another architecture or size) raise CheckpointError
+    with the first line of the underlying error.
+    """
+    path = find_checkpoint(resume, ckpt_root, warn=warn, **load_args)
+    if path is None:
+        return None
+    try:
+        state = load_checkpoint(path, **load_args)
+    except (RuntimeError, KeyError) as e:  # load_state_dict: size mismatch / missing or unexpected keys
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(
+            f"train.resume: {path} does not fit this run ({first}); resume with the config it was saved with, "
+            f"or train a new log.name", first,
+        ) from None
+    return path, state
 
 
 def save_checkpoint(
@@ -247,10 +503,11 @@ def save_checkpoint(
     state: dict,
     keep_last: int | None = None,
 ) -> Path:
-    """Write `ckpt_root/step_<step>/` atomically and return its path (see the module docstring).
+    """Write `ckpt_root/step_<step>/` atomically, point `ckpt_root/latest` at it, and return its
+    path (see the module docstring).
 
-    `state` must be JSON-serializable. `keep_last=K` then deletes all but the newest K complete
-    checkpoints (by step number); None keeps all.
+    `state` must be JSON-serializable. `keep_last=K` then deletes complete checkpoints until K
+    are left: this one and the newest K-1 others (by step number); None keeps all.
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -286,10 +543,19 @@ def save_checkpoint(
         shutil.rmtree(old)
     else:
         os.rename(tmp, final)
+    _write_latest(root, final.name)  # last: the pointer only ever names a complete checkpoint
 
-    if keep_last is not None:
-        for _, path in list_checkpoints(root)[:-keep_last]:
-            shutil.rmtree(path)
+    if keep_last is not None:  # never the one just written (the pointer's), even if older than others
+        others = [path for _, path in list_checkpoints(root) if path != final]
+        for path in others[: max(0, len(others) - (keep_last - 1))]:
+            doomed = path.with_name(path.name + ".old")  # out of sight first: a kill mid-delete leaves no half checkpoint
+            if doomed.exists():
+                shutil.rmtree(doomed)
+            os.rename(path, doomed)
+            shutil.rmtree(doomed)
+    for stale in root.glob("step_*"):  # left by killed saves: partial .tmp, swapped-out or half-deleted .old
+        if stale.is_dir() and stale.suffix in (".tmp", ".old"):
+            shutil.rmtree(stale, ignore_errors=True)
     return final
 
 
@@ -302,17 +568,20 @@ def load_checkpoint(
     critic: torch.nn.Module | None = None,
     critic_optimizer: torch.optim.Optimizer | None = None,
     restore_rng: bool = True,
+    kind: str | None = None,
 ) -> dict:
     """Restore what is passed, in place, from the checkpoint folder `path`; return its state dict.
 
     Model weights are copied into the existing model (for a peft model, the adapter weights).
     Load the optimizer after constructing the scheduler: the saved param_groups (current lr)
-    replace what the fresh scheduler set.
+    replace what the fresh scheduler set. The files are verified first (`verify_checkpoint`,
+    with `kind`): a damaged checkpoint raises CheckpointError before anything is changed.
     """
     folder = Path(path)
-    state_file = folder / "state.json"
-    if not state_file.exists():
-        raise FileNotFoundError(f"{folder} is not a complete checkpoint (no state.json)")
+    state = verify_checkpoint(
+        folder, model=model, optimizer=optimizer, scheduler=scheduler, critic=critic,
+        critic_optimizer=critic_optimizer, restore_rng=restore_rng, kind=kind,
+    )
     if model is not None:
         _load_model(model, folder)
     if optimizer is not None:
@@ -320,12 +589,9 @@ def load_checkpoint(
     if scheduler is not None:
         scheduler.load_state_dict(_load_tree(folder, "scheduler"))
     if critic is not None:
-        file = folder / "critic.safetensors"
-        if not file.exists():
-            raise FileNotFoundError(f"checkpoint {folder} has no critic.safetensors; it was saved without a critic")
-        load_model(_unwrap(critic), str(file), strict=True)
+        load_model(_unwrap(critic), str(folder / "critic.safetensors"), strict=True)
     if critic_optimizer is not None:
         critic_optimizer.load_state_dict(_load_tree(folder, "critic_optimizer"))
     if restore_rng:
         _load_rng(folder)
-    return json.loads(state_file.read_text())
+    return state

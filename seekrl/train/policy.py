@@ -9,17 +9,26 @@ the entropy bonus are added per micro-batch the same way. The learning-rate sche
 once per RL step (warmup and cosine are counted in RL steps).
 
 `CriticTrainer` is the PPO value model's twin: the same loop with the clipped value loss.
+
+Non-finite updates (`NonFiniteGuard`). Before each optimizer step the loss of every micro-batch
+and the clipped gradient norm are checked; when one is nan or inf that optimizer step is skipped
+(gradients zeroed, no optimizer.step, so the weights and the optimizer state never take a
+non-finite value) while the learning-rate schedule still advances: it counts RL steps, so the lr
+at step N is the same in every run. The RL loop counts an RL step with a skipped update in
+`train/nonfinite_skipped` (1.0) and `train/nonfinite_skipped_total`, and stops with
+`NonFiniteError` after `train.max_nonfinite` such steps in a row (0: never).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
 
 import torch
 
 from seekrl.algo.losses import aggregate, entropy_from_logits, kl_loss, policy_loss, value_loss
-from seekrl.config import Config
+from seekrl.config import Config, ConfigError
 from seekrl.observe.stats import StatsTracker
 from seekrl.train.batching import (
     MicroBatch,
@@ -33,6 +42,78 @@ from seekrl.train.batching import (
     token_logprobs,
 )
 from seekrl.types import Trajectory
+
+
+class NonFiniteError(ConfigError):
+    """`train.max_nonfinite` RL steps in a row had a non-finite loss or gradient norm. Their updates
+    were skipped, so the weights and every checkpoint are finite. A ConfigError because the cause is
+    an input (train.lr, the rewards): the CLI prints the one-line message and exits 2."""
+
+
+class NonFiniteGuard:
+    """Decides whether an optimizer step may run, and counts RL steps whose updates were skipped.
+
+        if guard.finite({"loss/policy": loss, "grad_norm/policy": norm}): optimizer.step()
+        ...
+        stats.add(**guard.end_step())   # once per RL step: train/nonfinite_skipped(_total)
+        guard.raise_if_stuck(step)      # NonFiniteError after max_consecutive skipped steps in a row
+
+    Several updates (policy and critic, several minibatches) may report into one guard in one RL
+    step; the step counts as skipped when any of them was. `state_dict` goes into checkpoints.
+    """
+
+    def __init__(self, max_consecutive: int, hint: str = "lower train.lr or check the rewards") -> None:
+        self.max_consecutive = max_consecutive  # 0: never stop
+        self.hint = hint  # the fix the stop message suggests
+        self.consecutive = 0  # RL steps in a row with a skipped update
+        self.total = 0  # RL steps with a skipped update, over the run
+        self.first_bad: tuple[str, float] | None = None  # this RL step's first non-finite value
+        self.last_bad: tuple[str, float] | None = None
+
+    def finite(self, values: dict[str, float]) -> bool:
+        """True when every value is finite; otherwise records the first bad one and returns False."""
+        for name, value in values.items():
+            if not math.isfinite(value):
+                if self.first_bad is None:
+                    self.first_bad = (name, value)
+                return False
+        return True
+
+    def end_step(self) -> dict[str, float]:
+        """Close one RL step; its metrics train/nonfinite_skipped (0 or 1) and train/nonfinite_skipped_total."""
+        skipped = self.first_bad is not None
+        if skipped:
+            self.total += 1
+            self.consecutive += 1
+            self.last_bad = self.first_bad
+        else:
+            self.consecutive = 0
+        self.first_bad = None
+        return {"train/nonfinite_skipped": float(skipped), "train/nonfinite_skipped_total": float(self.total)}
+
+    def raise_if_stuck(self, step: int) -> None:
+        if self.max_consecutive and self.consecutive >= self.max_consecutive:
+            name, value = self.last_bad or ("loss", math.nan)
+            raise NonFiniteError(
+                f"step {step}: {name} is {value}; {self.consecutive} consecutive steps had a non-finite loss or gradient "
+                f"norm and their updates were skipped (train.max_nonfinite={self.max_consecutive}); "
+                f"{self.hint} (the checkpoints hold the last finite weights)"
+            )
+
+    def state_dict(self) -> dict:
+        return {"consecutive": self.consecutive, "total": self.total}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.consecutive = int(state.get("consecutive", 0))
+        self.total = int(state.get("total", 0))
+
+
+def step_scheduler(scheduler) -> None:
+    """`scheduler.step()`, without torch's warning about a scheduler step before any optimizer
+    step: that happens on purpose when the first updates were skipped as non-finite."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before `optimizer.step\\(\\)`")
+        scheduler.step()
 
 
 def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float):
@@ -94,6 +175,7 @@ class PolicyTrainer:
         )
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
         self.share_prefix = cfg.train.share_prefix and can_share_prefix(model)
+        self.guard = NonFiniteGuard(cfg.train.max_nonfinite)  # the RL loop closes its steps (module docstring)
 
     # ---- scoring without gradient -------------------------------------------------------------
     @torch.no_grad()
@@ -140,22 +222,30 @@ class PolicyTrainer:
                 stats.add(skipped_minibatches=1.0)
                 continue
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in micro_batches(trajs, idx, self.cfg, self.pad_id, self.device, self.share_prefix):
+            finite = all(  # stops at the first micro-batch with a non-finite loss (its step is skipped anyway)
                 self._micro_step(mb, masks, adv, old_logp, ref_logp, kl_coef, n_tok, n_seq, stats)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm)
-            stats.add(**{"grad_norm/policy": float(grad_norm)})
-            self.optimizer.step()
+                for mb in micro_batches(trajs, idx, self.cfg, self.pad_id, self.device, self.share_prefix)
+            )
+            if finite:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm))
+                stats.add(**{"grad_norm/policy": grad_norm})
+                finite = self.guard.finite({"grad_norm/policy": grad_norm})
+            if finite:
+                self.optimizer.step()
+            else:  # skipped: the weights and the optimizer state stay as they were
+                self.optimizer.zero_grad(set_to_none=True)
         stats.add(lr=self.scheduler.get_last_lr()[0])
-        self.scheduler.step()
+        step_scheduler(self.scheduler)
 
-    def _micro_step(self, mb: MicroBatch, masks, adv, old_logp, ref_logp, kl_coef, n_tok, n_seq, stats) -> None:
+    def _micro_step(self, mb: MicroBatch, masks, adv, old_logp, ref_logp, kl_coef, n_tok, n_seq, stats) -> bool:
+        """Forward and backward of one micro-batch; False (and no backward) when its loss is not finite."""
         a = self.cfg.algo
         C = mb.target_ids_BC.shape[1]
         rows = mb.index
         mask_BC = pad_completion([masks[i] for i in rows], C).to(self.device)
         n_mb = float(mask_BC.sum())
         if n_mb == 0:
-            return
+            return True
         # Each micro-batch carries its share of the minibatch loss (exact for every aggregation).
         if a.loss_agg == "token-mean":
             weight = n_mb / n_tok
@@ -169,20 +259,25 @@ class PolicyTrainer:
             logp_BC, old_BC, adv_BC, mask_BC,
             clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=self._agg(), **self._norm(),
         )
-        stats.add(**{"loss/policy": loss.item()})
+        parts = {"loss/policy": loss.item()}
+        stats.add(**parts)
         for k, v in pstats.items():
             stats.add(**{f"actor/{k}": v})
         if ref_logp is not None and a.kl_in == "loss" and kl_coef > 0:
             ref_BC = pad_completion([ref_logp[i] for i in rows], C).to(self.device)
             kl = kl_loss(logp_BC, ref_BC, mask_BC, kind=a.kl_estimator, agg=self._agg(), **self._norm())
             loss = loss + kl_coef * kl
-            stats.add(**{"loss/kl": kl.item()})
+            parts["loss/kl"] = kl.item()
+            stats.add(**{"loss/kl": parts["loss/kl"]})
         ent_logits = logits_BCV if a.entropy_coef > 0 else logits_BCV.detach()
         ent_BC = entropy_from_logits(ent_logits)
         stats.add_masked("entropy", ent_BC.detach(), mask_BC)
         if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * aggregate(ent_BC, mask_BC, self._agg(), **self._norm())
+        if not self.guard.finite({**parts, "loss": loss.item()}):
+            return False
         (loss * weight).backward()
+        return True
 
     def _agg(self):
         return self.cfg.algo.loss_agg
@@ -203,6 +298,7 @@ class CriticTrainer:
             value_model.parameters(), cfg.train.critic_lr, cfg.train.weight_decay, total_steps, cfg
         )
         self.gen = torch.Generator().manual_seed(cfg.train.seed + 1)
+        self.guard = NonFiniteGuard(cfg.train.max_nonfinite)  # used when update() is given none
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
         values_BL = self.model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL)
@@ -220,8 +316,11 @@ class CriticTrainer:
         self.model.train(was_training)
         return out
 
-    def update(self, trajs: list[Trajectory], old_values, returns, stats: StatsTracker) -> None:
+    def update(self, trajs: list[Trajectory], old_values, returns, stats: StatsTracker, guard: NonFiniteGuard | None = None) -> None:
+        """Value-loss epochs × minibatches; an optimizer step with a non-finite loss or gradient
+        norm is skipped and reported to `guard` (the policy trainer's in the RL loop)."""
         t = self.cfg.train
+        guard = guard if guard is not None else self.guard
         masks = effective_loss_masks(trajs, self.cfg.algo.mask_truncated)
         self.model.train()
         for _, idx in minibatch_indices(len(trajs), t.ppo_epochs, t.minibatches, self.gen):
@@ -229,6 +328,7 @@ class CriticTrainer:
             if n_tok == 0:
                 continue
             self.optimizer.zero_grad(set_to_none=True)
+            finite = True
             for mb in micro_batches(trajs, idx, self.cfg, self.pad_id, self.device, share=False):
                 C = mb.target_ids_BC.shape[1]
                 mask_BC = pad_completion([masks[i] for i in mb.index], C).to(self.device)
@@ -238,11 +338,20 @@ class CriticTrainer:
                 old_BC = pad_completion([old_values[i] for i in mb.index], C).to(self.device)
                 ret_BC = pad_completion([returns[i] for i in mb.index], C).to(self.device)
                 loss, vstats = value_loss(v_BC, old_BC, ret_BC, mask_BC, clip=self.cfg.algo.value_clip)
-                (loss * float(mask_BC.sum()) / n_tok).backward()
-                stats.add(**{"loss/value": loss.item()})
+                loss_value = loss.item()
+                stats.add(**{"loss/value": loss_value})
                 for k, v in vstats.items():
                     stats.add(**{f"critic/{k}": v})
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm)
-            stats.add(**{"grad_norm/critic": float(grad_norm)})
-            self.optimizer.step()
-        self.scheduler.step()
+                if not guard.finite({"loss/value": loss_value}):
+                    finite = False
+                    break
+                (loss * float(mask_BC.sum()) / n_tok).backward()
+            if finite:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm))
+                stats.add(**{"grad_norm/critic": grad_norm})
+                finite = guard.finite({"grad_norm/critic": grad_norm})
+            if finite:
+                self.optimizer.step()
+            else:  # skipped, as in PolicyTrainer.update
+                self.optimizer.zero_grad(set_to_none=True)
+        step_scheduler(self.scheduler)

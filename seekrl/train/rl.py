@@ -35,7 +35,7 @@ from seekrl.observe.progress import Progress
 from seekrl.observe.samples import write_trajectories
 from seekrl.observe.stats import StatsTracker
 from seekrl.rollout import collect, stable_seed
-from seekrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from seekrl.train.checkpoint import resume_checkpoint, save_checkpoint
 from seekrl.train.estimate import estimate_advantages
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
 from seekrl.train.setup import TaskSets, build_rubric, load_policy, load_task_sets, make_workflow, prepare_run_dir, sampling_params
@@ -128,6 +128,7 @@ async def _train(c: Components) -> Path:
                 metrics.update(await run_eval(c))
             logger.log(metrics, step=step)
             progress.update(step, metrics)
+            c.trainer.guard.raise_if_stuck(step)  # train.max_nonfinite skipped steps in a row: stop, no checkpoint
             if step == stop_at or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 checkpoint(c, step)
     finally:
@@ -171,11 +172,13 @@ async def rl_step(c: Components, step: int) -> dict[str, float]:
         )
         # 5. Updates.
         if c.critic:
-            c.critic.update(trajs, values, est.returns, stats)
+            c.critic.update(trajs, values, est.returns, stats, guard=c.trainer.guard)
         c.trainer.update(trajs, est.adv, old_logp, ref_logp, kl_coef if cfg.algo.kl_in == "loss" else 0.0, stats)
         if est.kl_mean is not None:
             c.kl_ctl.update(est.kl_mean, len(trajs))
             stats.add(kl=est.kl_mean, kl_coef=kl_coef)
+    # Updates with a nan/inf loss or gradient norm were skipped (policy.py): counted here.
+    stats.add(**c.trainer.guard.end_step())
     # 6. New weights to the engine (in-process: the same tensors, so only the version moves).
     await c.engine.update_weights(c.model, step)
     out = stats.export()
@@ -229,12 +232,14 @@ def _engine_state(engine) -> dict:
 def checkpoint(c: Components, step: int) -> Path:
     state = {
         "step": step,
+        "kind": "rl",
         "data": c.tasks.iterator.state_dict(),
         "engine": _engine_state(c.engine),
         "kl_ctl": c.kl_ctl.state_dict(),
         "trainer_gen": c.trainer.gen.get_state().tolist(),
         "critic_gen": c.critic.gen.get_state().tolist() if c.critic else None,
         "critic_sched": _sched_state(c.critic.scheduler) if c.critic else None,
+        "nonfinite": c.trainer.guard.state_dict(),
     }
     return save_checkpoint(
         c.run_dir / "checkpoints", step, model=c.model, tokenizer=c.tokenizer, optimizer=c.trainer.optimizer,
@@ -244,19 +249,17 @@ def checkpoint(c: Components, step: int) -> Path:
 
 
 def resume(c: Components) -> int:
-    """Restore the latest (or the given) checkpoint; return the step it ends at (0: fresh run)."""
-    r = c.cfg.train.resume
-    if r == "never":
-        return 0
-    path = latest_checkpoint(c.run_dir / "checkpoints") if r == "auto" else Path(r)
-    if path is None:
-        return 0
-    if not (path / "state.json").is_file():
-        raise FileNotFoundError(f"train.resume: '{path}' is not a checkpoint folder (no state.json); use auto or never")
-    state = load_checkpoint(
-        path, model=c.model, optimizer=c.trainer.optimizer, scheduler=c.trainer.scheduler,
-        critic=c.critic.model if c.critic else None, critic_optimizer=c.critic.optimizer if c.critic else None,
+    """Restore the checkpoint `train.resume` names, verified first (auto: the one checkpoints/latest
+    names, else the newest intact one; damaged ones are skipped with a warning; none intact, or a
+    bad path, is a CheckpointError); return the step it ends at (0: fresh run)."""
+    found = resume_checkpoint(
+        c.cfg.train.resume, c.run_dir / "checkpoints", model=c.model, optimizer=c.trainer.optimizer,
+        scheduler=c.trainer.scheduler, critic=c.critic.model if c.critic else None,
+        critic_optimizer=c.critic.optimizer if c.critic else None, kind="rl",
     )
+    if found is None:
+        return 0
+    _, state = found
     c.tasks.iterator.load_state_dict(state["data"])
     c.engine.load_state_dict(state["engine"])
     c.kl_ctl.load_state_dict(state["kl_ctl"])
@@ -264,4 +267,5 @@ def resume(c: Components) -> int:
     if c.critic:
         c.critic.gen.set_state(torch.tensor(state["critic_gen"], dtype=torch.uint8))
         c.critic.scheduler.load_state_dict({**state["critic_sched"], "lr_lambdas": [None]})
+    c.trainer.guard.load_state_dict(state.get("nonfinite") or {})
     return int(state["step"])

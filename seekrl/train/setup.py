@@ -15,7 +15,7 @@ from rich.console import Console
 
 from seekrl.config import Config
 from seekrl.data.iterator import TaskIterator
-from seekrl.data.loaders import load_tasks
+from seekrl.data.loaders import DataError, load_tasks
 from seekrl.data.templates import get_template
 from seekrl.data.tiny import make_tiny_tasks, tiny_corpus
 from seekrl.rewards.rubric import Rubric
@@ -63,7 +63,11 @@ def load_split(spec: str, cfg: Config, split_default: str, limit: int | None) ->
     m = _SLICE.match(spec)
     if m and not Path(spec).exists():
         start, stop = (int(m[k]) if m[k] else None for k in ("start", "stop"))
-        tasks = load_split(m["spec"], cfg, split_default, None)[start:stop]
+        source = load_split(m["spec"], cfg, split_default, None)
+        tasks = source[start:stop]
+        if not tasks:  # config_checks refuses the slices that are empty whatever the source holds
+            raise DataError(f"'{spec}' selects no rows: {m['spec']} has {len(source)} rows; "
+                            f"take rows within them (e.g. {m['spec']}[:{max(1, len(source) // 2)}])")
         return tasks[:limit] if limit is not None else tasks
     d = cfg.data
     if spec.startswith("tiny:"):

@@ -35,9 +35,12 @@ at the end), data.max_train / data.max_eval / data.shuffle, rollout.batch_size (
 per optimizer step — the key that counts sequences per step in RL too; keep it a multiple of
 rollout.group_size, which config validation asks for), train.steps (optimizer steps),
 train.lr / weight_decay / warmup_steps / schedule / min_lr_ratio / max_grad_norm /
-micro_batch_tokens / seed / save_every / keep_last / resume / max_steps_this_run, log.*.
-Checkpoints are the RL format (`checkpoints/step_N/model` is a standalone HF folder with the
-tokenizer, usable as `model.path` of `seekrl train`); `train.resume=auto` continues a run.
+micro_batch_tokens / seed / save_every / keep_last / resume / max_steps_this_run /
+max_nonfinite, log.*. Checkpoints are the RL format (`checkpoints/step_N/model` is a standalone
+HF folder with the tokenizer, usable as `model.path` of `seekrl train`); `train.resume=auto`
+continues a run (damaged checkpoints are skipped, as in RL). A step whose loss or gradient norm
+is nan/inf is skipped as in RL (`NonFiniteGuard`): metrics train/nonfinite_skipped(_total),
+and `train.max_nonfinite` such steps in a row stop the run.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ from seekrl.models import encode_chat
 from seekrl.observe.loggers import RunLogger
 from seekrl.observe.progress import Progress
 from seekrl.train.batching import plan_micro_batches
-from seekrl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from seekrl.train.policy import make_optimizer
+from seekrl.train.checkpoint import resume_checkpoint, save_checkpoint
+from seekrl.train.policy import NonFiniteGuard, make_optimizer, step_scheduler
 from seekrl.train.setup import load_policy, prepare_run_dir
 
 __all__ = ["ChatTemplateError", "tokenize_chat", "tokenize_segments", "tokenize_text", "load_sft_rows", "sft_loss_sums", "step_loss", "eval_loss", "sft"]
@@ -311,8 +314,9 @@ def sft(cfg: Config) -> Path:
     eval_ex = _tokenize_all(tokenizer, eval_convs, m.max_context, "data.eval") if eval_convs else []
     batches = TaskIterator(list(range(len(train_ex))), cfg.rollout.batch_size, seed=t.seed, shuffle=d.shuffle)
     optimizer, scheduler = make_optimizer(model.parameters(), t.lr, t.weight_decay, t.steps, cfg)
+    guard = NonFiniteGuard(t.max_nonfinite, hint="lower train.lr or check the data")  # nan/inf steps are skipped
 
-    start = _resume(cfg, run_dir, model, optimizer, scheduler, batches)
+    start = _resume(cfg, run_dir, model, optimizer, scheduler, batches, guard)
     logger = RunLogger(
         run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
         config=cfg.to_dict(), resume_step=start if start > 0 else None,
@@ -328,24 +332,26 @@ def sft(cfg: Config) -> Path:
             t0 = time.perf_counter()
             examples = [train_ex[i] for i in batches.next_batch()]
             loss, n_label, n_tok = step_loss(model, examples, t.micro_batch_tokens, pad_id, device, backward=True)
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], t.max_grad_norm)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], t.max_grad_norm))
             lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
+            if guard.finite({"loss": loss, "grad_norm": grad_norm}):
+                optimizer.step()  # else skipped: weights and optimizer state untouched; the schedule still advances
+            step_scheduler(scheduler)
             optimizer.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
             metrics = {
-                "loss": loss, "lr": lr, "grad_norm": float(grad_norm), "tokens/assistant": n_label,
-                "tokens/s": n_tok / dt, "time/step_s": dt, "epoch": batches.epoch,
+                "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens/assistant": n_label,
+                "tokens/s": n_tok / dt, "time/step_s": dt, "epoch": batches.epoch, **guard.end_step(),
             }
             if eval_ex and (step == t.steps or (cfg.eval.every and step % cfg.eval.every == 0)):
                 metrics["eval/loss"] = eval_loss(model, eval_ex, t.micro_batch_tokens, pad_id, device)
             logger.log(metrics, step=step)
             progress.update(step, metrics)
+            guard.raise_if_stuck(step)  # train.max_nonfinite skipped steps in a row: stop, no checkpoint
             if step == stop_at or (t.save_every and step % t.save_every == 0):
                 save_checkpoint(
-                    run_dir / "checkpoints", step, model=model, tokenizer=tokenizer, optimizer=optimizer,
-                    scheduler=scheduler, state={"step": step, "data": batches.state_dict(), "kind": "sft"},
+                    run_dir / "checkpoints", step, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                    state={"step": step, "data": batches.state_dict(), "kind": "sft", "nonfinite": guard.state_dict()},
                     keep_last=t.keep_last,
                 )
     finally:
@@ -354,16 +360,15 @@ def sft(cfg: Config) -> Path:
     return run_dir
 
 
-def _resume(cfg: Config, run_dir: Path, model, optimizer, scheduler, batches: TaskIterator) -> int:
-    """Restore the latest (or the given) checkpoint; return its step (0: fresh run)."""
-    r = cfg.train.resume
-    if r == "never":
+def _resume(cfg: Config, run_dir: Path, model, optimizer, scheduler, batches: TaskIterator, guard: NonFiniteGuard) -> int:
+    """Restore the checkpoint `train.resume` names, verified first (as the RL loop's resume: damaged
+    ones skipped with a warning); return its step (0: fresh run)."""
+    found = resume_checkpoint(
+        cfg.train.resume, run_dir / "checkpoints", model=model, optimizer=optimizer, scheduler=scheduler, kind="sft"
+    )
+    if found is None:
         return 0
-    path = latest_checkpoint(run_dir / "checkpoints") if r == "auto" else Path(r)
-    if path is None:
-        return 0
-    if not (path / "state.json").is_file():
-        raise FileNotFoundError(f"train.resume: '{path}' is not a checkpoint folder (no state.json); use auto or never")
-    state = load_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler)
+    _, state = found
     batches.load_state_dict(state["data"])
+    guard.load_state_dict(state.get("nonfinite") or {})
     return int(state["step"])

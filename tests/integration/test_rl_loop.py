@@ -227,3 +227,201 @@ def test_lora_with_gradient_checkpointing_trains_only_adapters(tmp_path):
     rows = read_metrics(comp.run_dir)
     assert rows[-1]["kl"] >= 0  # the reference is the base model with adapters disabled
 
+
+
+# ---- damaged checkpoints and kills during a save ------------------------------------------------
+KILL_IN_SAVE = """
+import os, signal, sys
+from seekrl.train import checkpoint as ck
+from seekrl.cli import main
+
+real = ck.save_file
+
+def save_file(tensors, filename, *args, **kwargs):  # half of step 4's optimizer file written, then SIGKILL
+    real(tensors, filename, *args, **kwargs)
+    if filename.endswith(os.path.join("step_4.tmp", "optimizer.safetensors")):
+        os.truncate(filename, os.path.getsize(filename) // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+ck.save_file = save_file
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_kill_during_checkpoint_save_resumes_to_the_same_metrics(tmp_path):
+    full = train(small_cfg(tmp_path, "full"))
+    config = tmp_path / "killed.yaml"
+    config.write_text(small_cfg(tmp_path, "killed").to_yaml())
+    script = tmp_path / "kill_in_save.py"
+    script.write_text(KILL_IN_SAVE)
+    proc = subprocess.run([sys.executable, str(script), "train", str(config)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    ckpts = tmp_path / "killed" / "checkpoints"
+    assert (ckpts / "step_4.tmp" / "optimizer.safetensors").is_file() and not (ckpts / "step_4").exists()
+    assert (ckpts / "latest").read_text() == "step_3\n"
+    assert [r["step"] for r in read_metrics(tmp_path / "killed")] == [1, 2, 3, 4]  # step 4 was logged, not saved
+    resumed = train(load_config(config))
+    assert _comparable(read_metrics(resumed)) == _comparable(read_metrics(full))
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_5", "step_6"]  # the partial save is gone
+
+
+def test_damaged_checkpoints_are_skipped_on_resume(tmp_path, capsys):
+    full = train(small_cfg(tmp_path, "full"))
+    train(small_cfg(tmp_path, "cut", "train.max_steps_this_run=4", "train.keep_last=3"))
+    ckpts = tmp_path / "cut" / "checkpoints"
+    weights = ckpts / "step_4" / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # the latest: truncated weights
+    (ckpts / "step_3" / "state.json").write_text("")  # the one before: an empty state.json
+    capsys.readouterr()
+    resumed = train(small_cfg(tmp_path, "cut", "train.keep_last=3"))  # resumes from step 2
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("seekrl:")]
+    assert warnings == [
+        f"seekrl: warning: skipping checkpoint {ckpts / 'step_4'}: model/model.safetensors is truncated or not safetensors "
+        "(Error while deserializing header: incomplete metadata, file not fully covered)",
+        f"seekrl: warning: skipping checkpoint {ckpts / 'step_3'}: state.json is not valid JSON (Expecting value: line 1 column 1 (char 0))",
+    ]
+    assert _comparable(read_metrics(resumed)) == _comparable(read_metrics(full))
+    # an explicit train.resume path that is damaged: one line, nothing loaded
+    from seekrl.train.checkpoint import CheckpointError
+
+    (ckpts / "step_6" / "rng.json").write_text("{")
+    with pytest.raises(CheckpointError) as e:
+        train(small_cfg(tmp_path, "cut", f"train.resume={ckpts / 'step_6'}"))
+    assert str(e.value) == (f"train.resume: '{ckpts / 'step_6'}' is not an intact checkpoint: rng.json is not valid JSON "
+                            "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
+                            "give a checkpoint folder (runs/<name>/checkpoints/step_<N>), auto or never")
+
+
+def test_unusable_resume_exits_2_in_one_line(tmp_path):
+    config = tmp_path / "r.yaml"
+    config.write_text(small_cfg(tmp_path, "r", "train.steps=2").to_yaml())
+    r = _cli("train", str(config), "train.resume=/nonexistent/step_3")
+    errors = [line for line in r.stderr.splitlines() if line.startswith("seekrl:")]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert errors == ["seekrl: error: train.resume: '/nonexistent/step_3' does not exist; give a checkpoint folder "
+                      "(runs/<name>/checkpoints/step_<N>), auto or never"]
+    train(load_config(config))
+    ckpts = tmp_path / "r" / "checkpoints"
+    for step in (1, 2):
+        (ckpts / f"step_{step}" / "state.json").write_text("{")
+    r = _cli("train", str(config), "train.steps=3")
+    lines = [line for line in r.stderr.splitlines() if line.startswith("seekrl:")]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert [line.split(":")[1].strip() for line in lines] == ["warning", "warning", "error"], lines
+    assert lines[-1] == (f"seekrl: error: train.resume=auto: none of the 2 checkpoints in {ckpts} is intact (warnings above); "
+                         "move them away to start over, or set train.resume to a checkpoint folder")
+
+
+# ---- non-finite losses ---------------------------------------------------------------------------
+OVERFLOW_REWARD = """
+import itertools, os
+
+from seekrl.rewards.qa import qa_f1
+
+_calls = itertools.count()
+_bad = os.environ["OVERFLOW_STEPS"]  # "2": step 2 only; "2-": step 2 and every later one
+
+
+def reward(completion, task, **ctx):
+    step = next(_calls) // 16 + 1  # 16 trajectories per step (small_cfg)
+    start = int(_bad.rstrip("-"))
+    bad = step >= start if _bad.endswith("-") else step == start
+    return 1e39 if bad else qa_f1(completion, task)  # 1e39: finite in Python, inf in float32 advantages: a nan loss
+"""
+
+
+def _overflow_reward(tmp_path, monkeypatch, steps):
+    (tmp_path / "overflow_reward.py").write_text(OVERFLOW_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "overflow_reward", raising=False)
+    monkeypatch.setenv("OVERFLOW_STEPS", steps)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_nonfinite_loss_skips_the_update_and_the_run_goes_on(tmp_path, monkeypatch, algo):
+    from safetensors.torch import load_file
+
+    _overflow_reward(tmp_path, monkeypatch, "2")
+    run = train(small_cfg(tmp_path, algo, f"algo.name={algo}", "reward.functions=[overflow_reward:reward]",
+                          "train.steps=3", "train.keep_last=3", "log.samples_every=0"))
+    rows = read_metrics(run)
+    assert [r["train/nonfinite_skipped"] for r in rows] == [0, 1, 0]
+    assert [r["train/nonfinite_skipped_total"] for r in rows] == [0, 1, 1]
+    assert rows[1]["loss/policy"] is None  # nan, logged as null
+    if algo == "ppo":
+        assert rows[1]["loss/value"] is None
+    ckpts = run / "checkpoints"
+    files = ["model/model.safetensors", "optimizer.safetensors"] + (["critic.safetensors"] if algo == "ppo" else [])
+    for name in files:
+        step1, step2 = (load_file(str(ckpts / f"step_{s}" / name)) for s in (1, 2))
+        assert all(torch.equal(step1[k], step2[k]) for k in step1), f"{name}: the skipped step changed it"
+    step2, step3 = (load_file(str(ckpts / f"step_{s}" / "model" / "model.safetensors")) for s in (2, 3))
+    assert all(t.isfinite().all() for t in step3.values())
+    assert not all(torch.equal(step2[k], step3[k]) for k in step3)  # step 3 updated again
+    lrs = [json.loads((ckpts / f"step_{s}" / "scheduler.json").read_text())["last_epoch"] for s in (1, 2, 3)]
+    assert lrs == [1, 2, 3]  # the schedule advanced through the skipped step
+
+
+def test_nonfinite_steps_in_a_row_stop_the_run_in_one_line(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    _overflow_reward(tmp_path, monkeypatch, "2-")
+    config = tmp_path / "nan.yaml"
+    config.write_text(small_cfg(tmp_path, "nan", "reward.functions=[overflow_reward:reward]", "train.max_nonfinite=2").to_yaml())
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OVERFLOW_STEPS": "2-"}
+    r = subprocess.run([sys.executable, "-m", "seekrl.cli", "train", str(config)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    lines = [line for line in r.stderr.splitlines() if line.startswith("seekrl:")]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert lines == [
+        "seekrl: error: step 3: loss/policy is nan; 2 consecutive steps had a non-finite loss or gradient norm and their "
+        "updates were skipped (train.max_nonfinite=2); lower train.lr or check the rewards (the checkpoints hold the last finite weights)"
+    ]
+    rows = read_metrics(tmp_path / "nan")
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["train/nonfinite_skipped_total"] == 2
+    ckpts = tmp_path / "nan" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_1", "step_2"]  # nothing written at the stop
+    step1, step2 = (load_file(str(ckpts / f"step_{s}" / "model" / "model.safetensors")) for s in (1, 2))
+    assert all(t.isfinite().all() and torch.equal(t, step1[k]) for k, t in step2.items())
+
+
+KILL_IN_PHASE = """
+import asyncio, os, signal, sys
+from seekrl.train import rl
+from seekrl.cli import main
+
+phase, nth = sys.argv[1], int(sys.argv[2])  # SIGKILL in the middle of the nth rollout or eval
+real = {"rollout": rl.collect, "eval": rl.evaluate}[phase]
+calls = 0
+
+async def killing(*args, **kwargs):
+    global calls
+    calls += 1
+    if calls == nth:
+        work = asyncio.ensure_future(real(*args, **kwargs))  # episodes in flight when the kill lands
+        await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return await real(*args, **kwargs)
+
+setattr(rl, "collect" if phase == "rollout" else "evaluate", killing)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("phase,nth", [("rollout", 4), ("eval", 3)])
+def test_sigkill_during_rollout_or_eval_resumes_to_the_same_metrics(tmp_path, phase, nth):
+    """A run SIGKILLed in the middle of a step's rollout (episodes in flight) or of an evaluation
+    resumes from its last checkpoint and ends with the metrics of an uninterrupted run."""
+    extra = ["data.eval=tiny:copy:test", "data.max_eval=8", "eval.every=2"]
+    full = train(small_cfg(tmp_path, "full", *extra))
+    config = tmp_path / "killed.yaml"
+    config.write_text(small_cfg(tmp_path, "killed", *extra).to_yaml())
+    script = tmp_path / "kill_in_phase.py"
+    script.write_text(KILL_IN_PHASE)
+    proc = subprocess.run([sys.executable, str(script), phase, str(nth), "train", str(config)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    logged = [r["step"] for r in read_metrics(tmp_path / "killed")]
+    assert logged == [0, 1, 2, 3]  # step 0's eval, steps 1-3; step 4 was killed before it was logged
+    resumed = train(load_config(config))
+    assert _comparable(read_metrics(resumed)) == _comparable(read_metrics(full))

@@ -191,7 +191,7 @@ def test_sft_learns_a_copy_task_and_checkpoints_load(tmp_path):
         assert metrics[-1][key] > 0
 
     folder = run / "checkpoints" / "step_60" / "model"
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_60"]  # keep_last=1
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_60"]  # keep_last=1, and the pointer
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tok = AutoTokenizer.from_pretrained(folder)
     right = 0

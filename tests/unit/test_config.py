@@ -63,6 +63,21 @@ def test_parse_override_shapes():
         (["demo.world_style=fancy"], "demo.world_style: 'fancy' is not one of varied, plain"),
         (["model.path=./nowhere"], "model.path: './nowhere' is not a model folder"),
         (["model.path=/tmp/missing.gguf"], "model.path: GGUF file '/tmp/missing.gguf' does not exist"),
+        (["train.save_every=-1"], "train.save_every: must be >= 0"),
+        (["train.seed=1000000000000000000000000000000"], "train.seed: must be in 0..4294967295"),
+        (["train.seed=-1"], "train.seed: must be in 0..4294967295"),
+        (["log.name=../../.."], "log.name: '../../..' would put the run folder outside log.dir"),
+        (["log.name=/tmp/x"], "log.name: '/tmp/x' would put the run folder outside log.dir"),
+        (["log.name=a/../../b"], "outside log.dir"),
+        (["log.name=."], "outside log.dir ('runs') or on it"),
+        (["data.train=tiny:copy[5:2]"], "data.train: 'tiny:copy[5:2]' selects no rows (tiny:copy has 512 rows); rows start..stop-1 are taken, e.g. tiny:copy[2:5]"),
+        (["data.train=tiny:copy[600:]"], "selects no rows (tiny:copy has 512 rows)"),
+        (["data.eval=x.jsonl[-1:-3]"], "data.eval: 'x.jsonl[-1:-3]' selects no rows (empty whatever the source holds)"),
+        (["data.train=y.jsonl[:0]"], "selects no rows"),
+        (["data.train=tiny:copy[a:b]"], "data.train: 'tiny:copy[a:b]' ends in a slice that is not [start:stop] with integers"),
+        (["data.train=gsm8k,tiny:copy[::2]"], "'tiny:copy[::2]' ends in a slice that is not [start:stop]"),
+        (["data.train=tiny:cpy"], "unknown tiny task 'cpy' in 'tiny:cpy'; choose one of tiny:copy, tiny:add; did you mean 'tiny:copy'?"),
+        (["data.train=''"], "data.train is empty"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(overrides, message):
@@ -83,6 +98,92 @@ def test_file_errors(tmp_path):
     deep.write_text("algo: grpo\n")
     with pytest.raises(ConfigError, match="section 'algo' must be a mapping"):
         load_config(deep)
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"log:\n  name: caf\xe9\n")
+    with pytest.raises(ConfigError, match="latin1.yaml: not valid UTF-8"):
+        load_config(latin1)
+
+
+def test_duplicate_yaml_keys_are_refused(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("train:\n  steps: 5\n  lr: 1.0e-3\n  steps: 7\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == f"{p}:4: duplicate key 'train.steps' (first at line 2); keep one of them"
+    p.write_text("algo:\n  name: ppo\ntrain:\n  steps: 5\nalgo:\n  kl_coef: 0.1\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml:5: duplicate key 'algo' \(first at line 1\)"):
+        load_config(p)
+    # the same key in two sections is not a duplicate
+    p.write_text("train:\n  steps: 4\n  seed: 1\neval:\n  every: 2\n  n: 1\ngenerate:\n  n: 3\n")
+    cfg = load_config(p)
+    assert (cfg.eval.n, cfg.generate.n, cfg.train.seed) == (1, 3, 1)
+
+
+def test_yaml_merge_keys_still_work():
+    import yaml
+
+    from seekrl.config import _UniqueKeyLoader
+
+    text = "a: &x {k: 1, j: 2}\nb:\n  <<: *x\n  k: 3\n"
+    assert yaml.load(text, Loader=_UniqueKeyLoader) == yaml.safe_load(text) == {"a": {"k": 1, "j": 2}, "b": {"k": 3, "j": 2}}
+    with pytest.raises(yaml.YAMLError, match="duplicate key 'b.k' at line 5"):
+        yaml.load(text + "  k: 4\n", Loader=_UniqueKeyLoader)
+
+
+def _safetensors(path: Path, tensors: dict) -> None:
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path))
+
+
+def test_model_folder_checks(tmp_path):
+    import numpy as np
+
+    from seekrl.config_checks import check_model_folder
+
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text('{"model_type": "llama"}')
+    _safetensors(m / "model.safetensors", {"w": np.zeros((4, 4), np.float32), "b": np.ones(3, np.float32)})
+    check_model_folder(m)  # whole
+
+    def error() -> str:
+        with pytest.raises(ConfigError) as e:
+            check_model_folder(m)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    (m / "config.json").write_text('{"model_type": ')
+    assert error().startswith(f"model.path: {m / 'config.json'} is not valid JSON (Expecting value at line 1 column 16)")
+    (m / "config.json").write_text('{"hidden_size": 8}')
+    assert f"{m / 'config.json'} has no \"model_type\"" in error()
+    (m / "config.json").write_text('{"model_type": "llama"}')
+    data = (m / "model.safetensors").read_bytes()
+    (m / "model.safetensors").write_bytes(data[:-10])
+    assert error() == (f"model.path: {m / 'model.safetensors'} is truncated: {len(data) - 10} bytes, its header needs {len(data)}; "
+                       "the file is damaged (an interrupted copy or save?): copy or save it again")
+    (m / "model.safetensors").write_bytes(data + b"xx")
+    assert "has 2 bytes past the end of its last tensor" in error()
+    (m / "model.safetensors").write_bytes(data[:5])
+    assert "is 5 bytes, too short for a safetensors file" in error()
+    (m / "model.safetensors").write_bytes(b"this is not a safetensors file at all")
+    assert "is truncated or not a safetensors file: its header length says" in error()
+    (m / "model.safetensors").write_bytes((8).to_bytes(8, "little") + b"{nojson}")
+    assert "has a header that is not valid JSON" in error()
+    (m / "model.safetensors").write_bytes(data)
+    (m / "model.safetensors.index.json").write_text('{"weight_map": {"w": "model.safetensors", "x": "model-2.safetensors"}}')
+    assert "lists 1 shard(s) that are missing, first 'model-2.safetensors'" in error()
+    (m / "model.safetensors.index.json").write_text('{"weight_map": {"w": "model.safetensors"}}')
+    check_model_folder(m)
+    # the safetensors library agrees with the header check
+    from safetensors import safe_open
+
+    with safe_open(str(m / "model.safetensors"), framework="numpy") as f:
+        assert sorted(f.keys()) == ["b", "w"]
+    (m / "model.safetensors").write_bytes(data[:-10])
+    with pytest.raises(Exception):
+        with safe_open(str(m / "model.safetensors"), framework="numpy") as f:
+            f.get_tensor("w")
 
 
 def test_every_field_has_a_docstring():
@@ -113,7 +214,7 @@ def test_model_path_forms(tmp_path):
     (tmp_path / "m").mkdir()
     with pytest.raises(ConfigError, match="has no config.json"):
         load_config(None, [f"model.path={tmp_path / 'm'}"])
-    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "llama"}')
     assert load_config(None, [f"model.path={tmp_path / 'm'}"]).model.path == str(tmp_path / "m")
 
 
@@ -145,3 +246,61 @@ def test_engine_urls_or_servers_imply_remote():
 
     assert server_kind(load_config(None, ["engine.servers=1"])) == "seekrl"
     assert server_kind(load_config(None, ["engine.servers=1", "engine.api=vllm"])) == "vllm"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr=inf", "train.lr: must be a finite number >= 0 (e.g. 1e-6 for a real model, 1e-3 for the tiny one; 0 freezes it), got inf"),
+        ("train.lr=nan", "train.lr: must be a finite number >= 0"),
+        ("train.lr=.nan", "got nan"),
+        ("train.lr=-1", "train.lr: must be a finite number >= 0 (e.g. 1e-6 for a real model, 1e-3 for the tiny one; 0 freezes it), got -1.0"),
+        ("train.critic_lr=-1e-5", "train.critic_lr: must be a finite number >= 0"),
+        ("train.weight_decay=-0.1", "train.weight_decay: must be a finite number >= 0"),
+        ("train.min_lr_ratio=1.5", "train.min_lr_ratio: must be in [0, 1]"),
+        ("train.max_grad_norm=0", "train.max_grad_norm: must be a finite number > 0 (e.g. 1.0; 1e6 clips nothing), got 0.0"),
+        ("train.max_grad_norm=inf", "train.max_grad_norm: must be a finite number > 0"),
+        ("model.lora_dropout=1", "model.lora_dropout: must be in [0, 1)"),
+        ("algo.clip_high=-0.1", "algo.clip_high: must be a finite number >= 0"),
+        ("algo.kl_coef=nan", "algo.kl_coef: must be a finite number >= 0"),
+        ("algo.kl_target=0", "algo.kl_target: must be a finite number > 0 (e.g. 0.01) or null"),
+        ("algo.value_clip=-1", "algo.value_clip: must be a finite number > 0"),
+        ("algo.entropy_coef=inf", "algo.entropy_coef: must be a finite number, got inf"),
+        ("algo.dual_clip=.inf", "algo.dual_clip: must be a finite number or null, got inf"),
+        ("algo.gamma=nan", "algo.gamma: must be a finite number, got nan"),
+        ("rollout.temperature=-1", "rollout.temperature: must be a finite number >= 0 (0: greedy)"),
+        ("rollout.top_p=nan", "rollout.top_p: must be a finite number"),
+        ("eval.temperature=inf", "eval.temperature: must be a finite number >= 0"),
+        ("tools.timeout_s=0", "tools.timeout_s: must be a finite number > 0 (seconds), got 0.0"),
+        ("engine.timeout_s=inf", "engine.timeout_s: must be a finite number > 0 (seconds)"),
+        ("engine.startup_timeout_s=-5", "engine.startup_timeout_s: must be a finite number > 0"),
+        ("generate.timeout_s=nan", "generate.timeout_s: must be a finite number > 0"),
+        ("generate.temperature=-0.5", "generate.temperature: must be a finite number >= 0"),
+        ("generate.min_reward=-.inf", "generate.min_reward: must be a finite number or null, got -inf"),
+        ("generate.teacher_give_up=nan", "generate.teacher_give_up: must be a finite number"),
+        ("demo.pretrain_lr=inf", "demo.pretrain_lr: must be a finite number >= 0"),
+        ("demo.sft_lr=-2e-3", "demo.sft_lr: must be a finite number >= 0"),
+        ("reward.repetition_max_penalty=0.5", "reward.repetition_max_penalty: must be a finite number <= 0"),
+        ("reward.weights=[.nan]", "reward.weights[0]: must be a finite number, got nan"),
+        ("train.max_nonfinite=-1", "train.max_nonfinite: must be >= 0"),
+    ],
+)
+def test_float_keys_must_be_finite_and_in_range(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_float_key_refuses_nan_and_inf():
+    import typing
+
+    for section, cls in SECTIONS.items():
+        for key, hint in typing.get_type_hints(cls).items():
+            if "float" not in str(hint):
+                continue
+            for bad in (".nan", ".inf", "-.inf"):
+                value = f"[{bad}]" if "list" in str(hint) else bad
+                with pytest.raises(ConfigError, match=rf"^{section}\.{key}(\[0\])?: must be "):
+                    load_config(None, [f"{section}.{key}={value}"])
+    cfg = load_config(None, ["train.lr=0", "train.max_nonfinite=0", "algo.kl_target=0.01", "generate.min_reward=-1"])
+    assert cfg.train.lr == 0.0 and cfg.train.max_nonfinite == 0

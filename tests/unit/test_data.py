@@ -142,6 +142,38 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
         list(read_rows(path))
 
 
+def test_invalid_utf8_names_file_line_and_column(tmp_path):
+    import gzip
+
+    good = json.dumps({"question": "a", "answer": "x"}).encode() + b"\n"
+    bad = b'{"question": "caf\xe9", "answer": "y"}\n'
+    for name, write in (("b.jsonl", lambda p, d: p.write_bytes(d)), ("b.jsonl.gz", lambda p, d: p.write_bytes(gzip.compress(d)))):
+        path = tmp_path / name
+        write(path, good + b"\n" + bad)
+        with pytest.raises(DataError) as err:
+            load_tasks(str(path))
+        assert str(err.value) == (f"{path}:3: not valid UTF-8 (byte 0xe9 at column 18); "
+                                  "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+    path = tmp_path / "b.json"
+    path.write_bytes(b'[\n  {"question": "a", "answer": "x"},\n  {"question": "\xff", "answer": "x"}\n]')
+    with pytest.raises(DataError, match=r"b\.json:3: not valid UTF-8 \(byte 0xff at column 17\)"):
+        load_tasks(str(path))
+    # a UTF-8 byte order mark is not an error
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + good + '{"question": "café", "answer": "z"}\n'.encode())
+    assert [t.answer for t in load_tasks(str(path))] == [["x"], ["z"]]
+
+
+def test_empty_slice_at_load_time_names_the_row_count(tmp_path):
+    from seekrl.config import load_config
+    from seekrl.train.setup import load_split
+
+    path = _jsonl(tmp_path / "five.jsonl", [{"id": i, "question": f"q{i}", "answer": "a"} for i in range(5)])
+    with pytest.raises(DataError) as err:
+        load_split(f"{path}[7:]", load_config(None, []), "train", None)
+    assert str(err.value) == f"'{path}[7:]' selects no rows: {path} has 5 rows; take rows within them (e.g. {path}[:2])"
+
+
 def test_missing_field_names_fields(tmp_path):
     path = _jsonl(tmp_path / "g.jsonl", [{"question": "q1", "answer": "#### 1"}, {"question": "q2", "extra": 0}])
     with pytest.raises(DataError) as err:
