@@ -1,4 +1,4 @@
-"""Fuzzing every POST endpoint of the engine, policy and retrieval servers with hypothesis.
+"""Fuzzing every POST endpoint of the engine, policy, retrieval and MCP servers with hypothesis.
 
 Real servers on 127.0.0.1 (tests/live_server.py) over a tiny model with a 64-token context (so
 any accepted generation is short) and a two-document BM25 index. Bodies are arbitrary JSON
@@ -236,6 +236,54 @@ def test_retrieval_server_fuzz(retrieval_server):
     @given(requests_for(RETRIEVAL_BODIES))
     def run(request):
         check(retrieval_server, *request)
+
+    run()
+
+
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def mcp_server(tmp_path_factory):
+    """`seekrl serve mcp`'s app (fastmcp, streamable HTTP) with an initialized session."""
+    pytest.importorskip("fastmcp")
+    from seekrl.retrieval.bm25 import BM25Index
+    from seekrl.retrieval.corpus import Document
+    from seekrl.servers.mcp import make_mcp_server
+
+    index = tmp_path_factory.mktemp("mcp-fuzz") / "index"
+    BM25Index.build([Document.from_title_text("0", "Paris", "Paris is the capital of France."),
+                     Document.from_title_text("1", "Nile", "The Nile is a river in Africa.")]).save(index)
+    with LiveServer(make_mcp_server(index, topk=1).http_app(), lifespan="on") as url, \
+            httpx.Client(base_url=url, headers=MCP_HEADERS, timeout=60) as client:
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "fuzz", "version": "1"}}}
+        r = client.post("/mcp", json=init)
+        assert r.status_code == 200, r.text
+        session = {"mcp-session-id": r.headers["mcp-session-id"]}
+        client.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+        yield client, session
+
+
+def test_mcp_server_fuzz(mcp_server):
+    """The MCP server parses its bodies with fastmcp (not a Guard): arbitrary JSON-RPC bodies, with
+    and without the session, and tools/call with fuzzed arguments never get a 5xx; a tool that
+    refuses its arguments answers a JSON-RPC error or an isError result, not a crash."""
+    client, session = mcp_server
+    arguments = near({"query": TEXT, "topk": st.integers(-3, 60)},
+                     {"query": ANY_JSON, "topk": HUGE | FLOATS | TEXT}, required=("query",))
+    call = st.builds(lambda i, name, args: {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                                             "params": {"name": name, "arguments": args}},
+                     st.integers(1, 10**6), st.sampled_from(["search", "search", "nope"]), arguments | ANY_JSON)
+    rpc = st.builds(lambda i, method, params: {"jsonrpc": "2.0", "id": i, "method": method, "params": params},
+                    st.integers(1, 10**6) | TEXT, st.sampled_from(["tools/list", "tools/call", "initialize", "ping", "x"]), ANY_JSON)
+
+    @fuzz_settings(100)
+    @given(st.one_of(call, call, rpc, ANY_JSON), st.booleans())
+    def run(body, with_session):
+        r = client.post("/mcp", content=json.dumps(body).encode(), headers=session if with_session else {})
+        assert r.status_code < 500, f"{body!r} -> {r.status_code} {r.text}"
+        assert "Traceback" not in r.text
 
     run()
 
