@@ -17,6 +17,7 @@ from seekrl.engines import LocalEngine
 from seekrl.models import make_tiny_model
 from seekrl.types import SamplingParams
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # the GPU check runs these on CUDA too
 LONG = SamplingParams(max_new_tokens=600, temperature=1.0, seed=7, ignore_eos=True)
 
 
@@ -130,11 +131,12 @@ def test_stop_token_ids_and_ignore_eos(tiny_model, tiny_tokenizer, prompt):
         engine.pause("later")
 
 
-def test_retract_requeues_and_continues_under_the_new_weights_as_if_uncut(tiny_model, tiny_tokenizer, prompt, tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_retract_requeues_and_continues_under_the_new_weights_as_if_uncut(tiny_model, tiny_tokenizer, prompt, tmp_path, device):
     """pause("retract") ends the batch in flight; after resume the requests are prefilled again
     (prompt + tokens so far) and continue with the same seeded draws: with unchanged weights the
     result equals an uncut request, token for token."""
-    engine = LocalEngine(copy.deepcopy(tiny_model), tiny_tokenizer)
+    engine = LocalEngine(copy.deepcopy(tiny_model).to(device), tiny_tokenizer)
     params = SamplingParams(max_new_tokens=300, temperature=1.0, seed=21, ignore_eos=True)
 
     async def go(swap: bool):
@@ -160,11 +162,12 @@ def test_retract_requeues_and_continues_under_the_new_weights_as_if_uncut(tiny_m
     assert swapped.token_ids[:k] == uncut.token_ids[:k]
 
 
-def test_requests_join_a_running_batch_and_sample_what_they_would_alone(tiny_tokenizer, sharp_tiny):
+@pytest.mark.parametrize("device", DEVICES)
+def test_requests_join_a_running_batch_and_sample_what_they_would_alone(tiny_tokenizer, sharp_tiny, device):
     """Continuous batching: requests that arrive while a batch runs are prefilled and merged into
     it (the shorter KV cache left-padded); seeded, they sample what they would alone, and each is
     answered when its own row ends, not when the batch does."""
-    model = sharp_tiny(3)
+    model = sharp_tiny(3).to(device)
     texts = ["Question: what is 12 + 30?", "the quick brown fox jumps over the lazy dog, and then", "<search>", "copy: 1 2"]
     prompts = [tiny_tokenizer.encode(t, add_special_tokens=False) for t in texts]
     long = SamplingParams(max_new_tokens=400, temperature=1.0, seed=5, ignore_eos=True)
