@@ -64,8 +64,6 @@ class _Server:
     alive: bool = True
     why: str = ""
     requests: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
     queued: list = field(default_factory=list)  # (HTTPCall, Future) waiting for the next batched request
 
 
@@ -87,7 +85,6 @@ class RemoteEngine:
         keep_weights: int = 2,
         version: int = 0,
         exact_logprobs: bool = False,
-        tokenizer=None,
         on_close=None,
         max_batch: int = 256,
     ):
@@ -102,7 +99,6 @@ class RemoteEngine:
         self.keep_weights = keep_weights
         self.version = int(version)
         self.exact_logprobs = exact_logprobs  # True only for seekrl's fp32 servers on the trainer's weights
-        self.tokenizer = tokenizer
         self._on_close = on_close
         self.max_batch = max_batch if self.api.name == "sglang" else 1  # prompts per /generate
         self._sticky: contextvars.ContextVar[_Server | None] = contextvars.ContextVar(f"seekrl-remote-{next(_ids)}", default=None)
@@ -143,7 +139,6 @@ class RemoteEngine:
                 res = self.api.parse_generate(body, list(prompt_ids))
             except AdapterError as e:
                 raise EngineRequestError(f"engine server {server.url} sent an answer seekrl cannot read: {e}") from None
-            server.tokens += len(res.token_ids)
             version = res.version if res.version is not None else version_at_start
             versions = res.versions
             if versions is not None:
@@ -262,7 +257,6 @@ class RemoteEngine:
     async def _request(self, server: _Server, call: HTTPCall):
         """One HTTP call; a dead server raises _ServerFailed (after marking it), a 4xx EngineRequestError."""
         async with server.sem:
-            t0 = time.perf_counter()
             try:
                 r = await self._client.request(call.method, server.url + call.path, json=call.json)
             except httpx.TimeoutException:
@@ -271,8 +265,6 @@ class RemoteEngine:
             except httpx.TransportError as e:
                 self._fail(server, f"{type(e).__name__}: {e}".strip().rstrip(":"))
                 raise _ServerFailed from None
-            finally:
-                server.seconds += time.perf_counter() - t0
         self.counters["http_requests"] += 1
         if r.status_code >= 500:
             self._fail(server, f"HTTP {r.status_code} on {call.path}: {_short(r.text)}")

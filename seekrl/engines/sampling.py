@@ -52,8 +52,6 @@ class _Batch:
     more are cut off the left, so a long-lived batch does not grow without bound."""
 
     def __init__(self, engine: LocalEngine):
-        from transformers.cache_utils import DynamicLayer
-
         self.e, self.dev = engine, engine.device
         self.rows: list[_Row] = []  # in cache order; finished rows ride along until compacted
         self.all_rows: list[_Row] = []
@@ -62,7 +60,6 @@ class _Batch:
         self.cache = self.mask_bL = self.pos_b1 = self.logits_bV = self.tok_b = None
         self.sampler: _RowSampler | None = None
         self.done = 0  # finished rows still in the cache
-        self._plain_layer = DynamicLayer
         self.can_join = True  # left-padding merges need plain DynamicLayer caches (no sliding windows)
 
     def active(self) -> int:
@@ -123,7 +120,9 @@ class _Batch:
     def _merge(self, cache, mask_nL, pos_n1, logits_nV) -> None:
         if self.cache is None:
             self.cache, self.mask_bL, self.pos_b1, self.logits_bV = cache, mask_nL, pos_n1, logits_nV
-            self.can_join = all(type(layer) is self._plain_layer for layer in cache.layers)
+            from transformers.cache_utils import DynamicLayer
+
+            self.can_join = all(type(layer) is DynamicLayer for layer in cache.layers)
             return
         L = max(self.mask_bL.shape[1], mask_nL.shape[1])
         pad = torch.nn.functional.pad

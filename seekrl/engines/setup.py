@@ -49,7 +49,7 @@ def make_engine(cfg: Config, model, tokenizer, run_dir: str | os.PathLike):
     token = engine_token(cfg)
     weights_dir = Path(run_dir) / "engine" / "weights"
     common = dict(api=e.api, token=token, timeout_s=e.timeout_s, max_concurrent=e.max_concurrent,
-                  weights_dir=weights_dir, keep_weights=e.keep_weights, tokenizer=tokenizer)
+                  weights_dir=weights_dir, keep_weights=e.keep_weights)
     if e.urls:
         return RemoteEngine(e.urls, **common)
     kind = server_kind(cfg)

@@ -108,8 +108,9 @@ def train(cfg: Config) -> Path:
 async def _train(c: Components) -> Path:
     cfg = c.cfg
     start = resume(c)
-    if start:  # a remote engine still holds the initial weights: send it the resumed ones
-        await c.engine.update_weights(c.model, start)
+    # The engine samples from the weights the loop starts with (resumed, or changed since build):
+    # in-process this only sets the version; servers get one disk sync.
+    await c.engine.update_weights(c.model, start)
     logger = RunLogger(
         c.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
         config=cfg.to_dict(), resume_step=start if start > 0 else None,

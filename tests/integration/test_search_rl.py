@@ -12,6 +12,7 @@ import asyncio
 import json
 import random
 
+import pytest
 import torch
 
 from seekrl.config import load_config
@@ -57,9 +58,12 @@ def _warm_start(comp, codes, steps=200):
         opt.step()
 
 
-def test_grpo_with_search_calls_tools_masks_outputs_and_updates(tmp_path):
+@pytest.mark.parametrize("engine", [[], ["engine.servers=1"]], ids=["local", "server"])
+def test_grpo_with_search_calls_tools_masks_outputs_and_updates(tmp_path, engine):
+    """Also on a started engine server: the multi-turn episodes, their masks and the weights that
+    the warm start changed after build (the loop syncs the engine before its first step)."""
     data, codes = _world(tmp_path)
-    cfg = load_config(None, [
+    cfg = load_config(None, [*engine,
         "model.path=tiny", "model.tiny_hidden=64", "model.max_context=320", f"data.train={data}",
         "rollout.group_size=4", "rollout.batch_size=16", "rollout.max_new_tokens=16", "rollout.max_prompt_tokens=96",
         "rollout.max_turns=2", "rollout.max_total_tokens=160", "rollout.max_obs_tokens=96",
@@ -68,9 +72,12 @@ def test_grpo_with_search_calls_tools_masks_outputs_and_updates(tmp_path):
         f"log.dir={tmp_path}", "log.name=search", "log.progress=false", "log.tensorboard=false",
     ])
     comp = build(cfg)
-    _warm_start(comp, codes)
-    before = {n: p.detach().clone() for n, p in comp.model.named_parameters()}
-    asyncio.run(_train(comp))
+    try:
+        _warm_start(comp, codes)
+        before = {n: p.detach().clone() for n, p in comp.model.named_parameters()}
+        asyncio.run(_train(comp))
+    finally:
+        comp.engine.close()
     rows = read_metrics(comp.run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert max(r["rollout/tool_calls/search"] for r in rows) > 0.5, rows[0]  # episodes really searched
