@@ -114,6 +114,12 @@ class RolloutConfig:
     """Tokens after the prompt per episode, sampled and inserted together (with tools.format)."""
     mask_observations: bool = True
     """Mask inserted tool output out of the loss; false is Search-R1's ablation (old log-probs are then recomputed)."""
+    mode: str = "sync"
+    """sync (roll out a batch, then train on it) | async (episodes keep running on the engine while the trainer steps; AReaL)."""
+    max_staleness: int = 2
+    """Async: a batch is trained on only if every sampled token in it came from a policy at most this many versions older (AReaL's max_head_offpolicyness); 0 gives the sync results."""
+    max_concurrent: int | None = None
+    """Async: episodes in flight at once (a multiple of group_size is best); none = batch_size."""
 
 
 @dataclass
@@ -220,6 +226,12 @@ class AlgoConfig:
     """Drop groups whose rewards are all equal (DAPO dynamic sampling)."""
     mask_truncated: bool = False
     """Exclude completions cut by max_new_tokens from the loss (DAPO overlong filtering)."""
+    decoupled: bool | None = None
+    """Decoupled PPO (AReaL's use_decoupled_loss): clip against the proximal policy, weight by proximal / behaviour; none = true in async mode, false in sync."""
+    prox_logp: str = "recompute"
+    """Decoupled PPO's proximal log-probs: recompute (one forward pass of the current policy before the update) | loglinear (interpolate behaviour and current log-probs by version; no forward pass)."""
+    behav_imp_cap: float | None = None
+    """Decoupled PPO: tokens whose behaviour importance weight (proximal / behaviour) exceeds this are dropped from the loss; none = no cap."""
 
 
 @dataclass

@@ -264,6 +264,28 @@ def _check_floats(cfg: Config) -> None:
         raise ConfigError(f"train.max_nonfinite: must be >= 0 (0: never stop on nan/inf updates), got {t.max_nonfinite}")
 
 
+def _check_async(cfg: Config) -> None:
+    """rollout.mode / max_staleness / max_concurrent and decoupled PPO (algo.decoupled, prox_logp,
+    behav_imp_cap); resolves algo.decoupled (none: true in async mode) so the saved config says it."""
+    r, a = cfg.rollout, cfg.algo
+    _choice("rollout.mode", r.mode, ("sync", "async"))
+    _choice("algo.prox_logp", a.prox_logp, ("recompute", "loglinear"))
+    if r.max_staleness < 0:
+        raise ConfigError(f"rollout.max_staleness: must be >= 0 (0 trains only on tokens of the current policy), got {r.max_staleness}")
+    if r.max_concurrent is not None and r.max_concurrent < r.group_size:
+        raise ConfigError(f"rollout.max_concurrent ({r.max_concurrent}) must be at least rollout.group_size ({r.group_size}): "
+                          "a task's G episodes start together; raise it or leave it unset (= rollout.batch_size)")
+    if a.decoupled is None:
+        a.decoupled = r.mode == "async"
+    if a.behav_imp_cap is not None and a.behav_imp_cap <= 0:
+        raise ConfigError(f"algo.behav_imp_cap: must be > 0 (e.g. 5.0), got {a.behav_imp_cap}")
+    if a.behav_imp_cap is not None and not a.decoupled:
+        raise ConfigError("algo.behav_imp_cap caps decoupled PPO's behaviour weight; set algo.decoupled=true or drop the cap")
+    if a.decoupled and cfg.tools.format is not None and not r.mask_observations:
+        raise ConfigError("algo.decoupled=true needs rollout.mask_observations=true: inserted tool tokens have no behaviour "
+                          "log-probs to weight by; set algo.decoupled=false for the unmasked ablation")
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks that must fail before any model loads."""
     _check_floats(cfg)
@@ -322,6 +344,7 @@ def validate(cfg: Config) -> None:
     _check_tools(cfg)
     _check_data_specs(cfg)
     _check_engine(cfg)
+    _check_async(cfg)
     g = cfg.generate
     if g.n < 1 or g.concurrency < 1 or g.retries < 0:
         raise ConfigError("generate.n and generate.concurrency must be at least 1, generate.retries at least 0")

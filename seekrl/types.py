@@ -41,6 +41,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # extra token ids that end the completion (kept, like EOS)
     ignore_eos: bool = False  # keep sampling past EOS (benchmarks; SGLang's ignore_eos)
+    seed_offset: int = 0  # draws of the seeded generator already used: a turn continued after an interruption draws as if uncut
 
 
 @dataclass

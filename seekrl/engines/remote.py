@@ -109,6 +109,7 @@ class RemoteEngine:
         self._client: httpx.AsyncClient | None = None
         self._unpaused: asyncio.Event | None = None
         self._tasks: set[asyncio.Task] = set()  # batch senders in flight (the loop keeps only weak references)
+        self._server_pause: asyncio.Task | None = None  # pause("abort") on the servers, until update_weights or resume
 
     # ----------------------------------------------------------------------------- protocol
 
@@ -158,7 +159,12 @@ class RemoteEngine:
             folder = await asyncio.to_thread(write_weights, source, self.weights_dir, version)
         else:
             folder = Path(source)
-        calls = [*self.api.pause("in_place"), *self.api.update_from_disk(str(folder), int(version)), *self.api.resume()]
+        pause = self.api.pause("in_place")
+        if self._server_pause is not None:  # pause("abort") paused the servers already
+            paused, self._server_pause = self._server_pause, None
+            await asyncio.wait([paused])
+            pause = []
+        calls = [*pause, *self.api.update_from_disk(str(folder), int(version)), *self.api.resume()]
         live = self._live()
         results = await asyncio.gather(*(self._sync_one(s, calls) for s in live), return_exceptions=True)
         for s, r in zip(live, results):
@@ -172,15 +178,33 @@ class RemoteEngine:
         self.counters["weight_sync_s"] += time.perf_counter() - t0
 
     def pause(self, mode: str = "hold") -> None:
-        """New `generate` calls wait in this process until `resume()` (requests on the servers run on)."""
+        """New `generate` calls wait in this process until `resume()`. "abort" also pauses every live
+        server with abort, so the requests in flight come back now with their tokens so far (finish
+        "abort"); the next `update_weights` loads into the paused servers, and continues them.
+        Other modes leave the requests on the servers running."""
         self._paused = True
         if self._unpaused is not None:
             self._unpaused.clear()
+        if mode == "abort" and self._server_pause is None:
+            self._ensure_loop()
+            calls = self.api.pause("abort")
+            self._server_pause = asyncio.get_running_loop().create_task(self._on_live(calls))
 
     def resume(self) -> None:
         self._paused = False
         if self._unpaused is not None:
             self._unpaused.set()
+        if self._server_pause is not None:  # paused with abort and not updated: continue the servers
+            paused, self._server_pause = self._server_pause, None
+            self._spawn(self._continue_after(paused))
+
+    async def _on_live(self, calls: list[HTTPCall]) -> None:
+        live = self._live()
+        await asyncio.gather(*(self._sync_one(s, calls) for s in live), return_exceptions=True)
+
+    async def _continue_after(self, paused: asyncio.Task) -> None:
+        await asyncio.wait([paused])
+        await self._on_live(self.api.resume())
 
     # ----------------------------------------------------------------------------- run state
 

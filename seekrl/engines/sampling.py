@@ -84,6 +84,9 @@ class _Batch:
                 g.manual_seed(int(p.seed))
                 if r.gen_state is not None:  # a retracted request goes on drawing where it stopped
                     g.set_state(r.gen_state)
+                else:  # a continued turn (seed_offset tokens sampled before it was cut): skip their draws
+                    for _ in range(int(p.seed_offset)):
+                        torch.rand((), generator=g, dtype=torch.float64, device=dev)
                 self.gens[i] = g
             new.append(row)
             prompts.append(prompt)

@@ -5,7 +5,8 @@
     engine.close()                                          # stops the servers the run started
 
 - `engine.kind=local`: a LocalEngine on the trainer's own model (shared weights: a weight sync
-  only moves the version).
+  only moves the version); with `rollout.mode=async` and `max_staleness > 0` on a copy of it,
+  which each weight sync overwrites (the engine samples while the trainer steps).
 - `engine.urls`: a RemoteEngine on servers that already run.
 - `engine.servers=N`: the policy's initial weights (and tokenizer) are written to
   `<run>/engine/weights/v0`, N servers are started on them on free loopback ports (seekrl's own
@@ -15,6 +16,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -40,6 +42,9 @@ def make_engine(cfg: Config, model, tokenizer, run_dir: str | os.PathLike):
     """The run's InferenceEngine (see the module docstring)."""
     e, r = cfg.engine, cfg.rollout
     if e.kind == "local":
+        if r.mode == "async" and r.max_staleness > 0:  # it samples while the trainer steps: a copy, synced at each publish
+            # (with max_staleness 0 nothing is sampled during an update, so the weights stay shared)
+            model = copy.deepcopy(model).requires_grad_(False)
         return LocalEngine(model, tokenizer, max_batch_size=r.engine_batch_size, seed=cfg.train.seed)
     from seekrl.engines.adapters import get_api
     from seekrl.engines.launch import ServerCommand, ServerGroup, free_port, seekrl_server_command

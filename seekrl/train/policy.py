@@ -210,8 +210,13 @@ class PolicyTrainer:
         ref_logp: list[list[float]] | None,
         kl_coef: float,
         stats: StatsTracker,
+        *,
+        behav_logp: list[list[float]] | None = None,
+        prox_alpha: list[list[float]] | None = None,
     ) -> None:
-        """PPO epochs × minibatches over `trajs`; `adv`, `old_logp`, `ref_logp` are per token."""
+        """PPO epochs × minibatches over `trajs`; `adv`, `old_logp`, `ref_logp` are per token.
+        Decoupled PPO (train/offpolicy.py): `behav_logp` are the behaviour log-probs and `old_logp`
+        the proximal ones, or with `prox_alpha` the proximal ones are interpolated in the loss."""
         a, t = self.cfg.algo, self.cfg.train
         masks = effective_loss_masks(trajs, a.mask_truncated)
         self.model.train()
@@ -223,7 +228,7 @@ class PolicyTrainer:
                 continue
             self.optimizer.zero_grad(set_to_none=True)
             finite = all(  # stops at the first micro-batch with a non-finite loss (its step is skipped anyway)
-                self._micro_step(mb, masks, adv, old_logp, ref_logp, kl_coef, n_tok, n_seq, stats)
+                self._micro_step(mb, masks, adv, old_logp, ref_logp, kl_coef, n_tok, n_seq, stats, behav_logp, prox_alpha)
                 for mb in micro_batches(trajs, idx, self.cfg, self.pad_id, self.device, self.share_prefix)
             )
             if finite:
@@ -237,7 +242,8 @@ class PolicyTrainer:
         stats.add(lr=self.scheduler.get_last_lr()[0])
         step_scheduler(self.scheduler)
 
-    def _micro_step(self, mb: MicroBatch, masks, adv, old_logp, ref_logp, kl_coef, n_tok, n_seq, stats) -> bool:
+    def _micro_step(self, mb: MicroBatch, masks, adv, old_logp, ref_logp, kl_coef, n_tok, n_seq, stats, behav_logp=None,
+                    prox_alpha=None) -> bool:
         """Forward and backward of one micro-batch; False (and no backward) when its loss is not finite."""
         a = self.cfg.algo
         C = mb.target_ids_BC.shape[1]
@@ -255,10 +261,20 @@ class PolicyTrainer:
         logp_BC = token_logprobs(logits_BCV, mb.target_ids_BC)
         old_BC = pad_completion([old_logp[i] for i in rows], C).to(self.device)
         adv_BC = pad_completion([adv[i] for i in rows], C).to(self.device)
+        behav_BC = None
+        if behav_logp is not None:  # decoupled PPO
+            behav_BC = pad_completion([behav_logp[i] for i in rows], C).to(self.device)
+            if prox_alpha is not None:  # loglinear proximal log-probs
+                alpha_BC = pad_completion([prox_alpha[i] for i in rows], C).to(self.device)
+                old_BC = behav_BC + alpha_BC * (logp_BC.detach() - behav_BC)
         loss, pstats = policy_loss(
             logp_BC, old_BC, adv_BC, mask_BC,
             clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=self._agg(), **self._norm(),
+            behav_logp_BT=behav_BC, behav_imp_cap=a.behav_imp_cap if behav_BC is not None else None,
         )
+        # on-policy (plain PPO): the behaviour weight is 1 and nothing is capped
+        pstats["behav_imp_weight/mean"] = pstats.pop("behav_imp_weight_mean", 1.0)
+        pstats.setdefault("behav_cap_frac", 0.0)
         parts = {"loss/policy": loss.item()}
         stats.add(**parts)
         for k, v in pstats.items():

@@ -2,8 +2,11 @@
 
     seekrl train examples/tiny_grpo.yaml [section.key=value ...]
 
-It reads top to bottom and calls the functions that do the work (workflows/, rollout.py,
-train/estimate.py, train/policy.py, train/checkpoint.py, observe/). The algorithm is chosen by
+It reads top to bottom and calls the functions that do the work (rollout/, workflows/,
+train/offpolicy.py, train/estimate.py, train/policy.py, train/checkpoint.py, observe/). Each step
+asks the rollout for its batch: `rollout.mode=sync` rolls the step's tasks out then, `async`
+has kept episodes running on the engine while the trainer stepped (rollout/executor.py); the
+update runs in a worker thread so that episodes go on meanwhile. The algorithm is chosen by
 `algo.name`; PPO adds a critic (a value head on a copy of the policy backbone, as in verl);
 a reference model exists only when `algo.kl_coef > 0`. Old log-probs are the engine's when the
 engine shares the trainer's fp32 weights (they agree to 1e-4, see the engine tests), otherwise
@@ -17,7 +20,7 @@ import asyncio
 import copy
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +37,12 @@ from seekrl.observe.loggers import RunLogger
 from seekrl.observe.progress import Progress
 from seekrl.observe.samples import write_trajectories
 from seekrl.observe.stats import StatsTracker
-from seekrl.rollout import collect, stable_seed
+from seekrl.rollout import stable_seed
+from seekrl.rollout.executor import AsyncRollout, SyncRollout, make_rollout
+from seekrl.rollout.interrupt import token_decoder
 from seekrl.train.checkpoint import resume_checkpoint, save_checkpoint
 from seekrl.train.estimate import estimate_advantages
+from seekrl.train.offpolicy import old_logprobs
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
 from seekrl.train.setup import TaskSets, build_rubric, load_policy, load_task_sets, make_workflow, prepare_run_dir, sampling_params
 
@@ -54,6 +60,7 @@ class Components:
     critic: CriticTrainer | None
     kl_ctl: FixedKLController | AdaptiveKLController
     reuse_engine_logprobs: bool
+    rollout: SyncRollout | AsyncRollout  # where each step's batch comes from (rollout.mode)
 
 
 def build(cfg: Config) -> Components:
@@ -85,7 +92,8 @@ def build(cfg: Config) -> Components:
         cfg.train.recompute_logprobs == "auto" and next(model.parameters()).dtype == torch.float32 and not unmasked
         and getattr(engine, "exact_logprobs", True)  # remote: only seekrl's fp32 servers on the same weights
     )
-    return Components(cfg, run_dir, tasks, model, tokenizer, engine, workflow, trainer, critic, kl_ctl, reuse)
+    rollout = make_rollout(cfg, workflow, engine, tasks.iterator, token_decoder(tokenizer))
+    return Components(cfg, run_dir, tasks, model, tokenizer, engine, workflow, trainer, critic, kl_ctl, reuse, rollout)
 
 
 def seed_everything(seed: int) -> None:
@@ -110,7 +118,8 @@ async def _train(c: Components) -> Path:
     start = resume(c)
     # The engine samples from the weights the loop starts with (resumed, or changed since build):
     # in-process this only sets the version; servers get one disk sync.
-    await c.engine.update_weights(c.model, start)
+    await c.rollout.publish(c.model, start)
+    c.rollout.start(start)  # async: episodes of the next steps start now
     logger = RunLogger(
         c.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
         config=cfg.to_dict(), resume_step=start if start > 0 else None,
@@ -133,6 +142,7 @@ async def _train(c: Components) -> Path:
             if step == stop_at or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 checkpoint(c, step)
     finally:
+        await c.rollout.aclose()
         progress.close()
         logger.close()
     return c.run_dir
@@ -141,10 +151,9 @@ async def _train(c: Components) -> Path:
 async def rl_step(c: Components, step: int) -> dict[str, float]:
     cfg, stats = c.cfg, StatsTracker()
     t0 = time.perf_counter()
-    # 1. Rollout: G episodes per task, scored by the rubric inside the workflow.
-    tasks = c.tasks.iterator.next_batch()
-    params = replace(c.workflow.params, seed=stable_seed(cfg.train.seed, "rollout", step))
-    groups = await collect(c.workflow, c.engine, tasks, cfg.rollout.group_size, params)
+    # 1. Rollout: the step's groups (G episodes per task, scored by the rubric inside the workflow).
+    batch = await c.rollout.next_batch(step)
+    groups = batch.groups
     t_rollout = time.perf_counter() - t0
     trajs = [t for g in groups for t in g.trajectories]
     group_ids = [i for i, g in enumerate(groups) for _ in g.trajectories]
@@ -159,39 +168,51 @@ async def rl_step(c: Components, step: int) -> dict[str, float]:
         group_ids = [g for g, k in zip(group_ids, keep) if k]
         stats.add(**{"rollout/kept_frac": len(trajs) / max(1, len(keep))})
 
+    # 3-5. Log-probs, advantages and the updates, in a worker thread: async episodes go on meanwhile.
     if trajs:
-        # 3. Old log-probs (engine's or recomputed), reference log-probs and values.
-        old_logp = [t.logprobs for t in trajs] if c.reuse_engine_logprobs else c.trainer.logprobs(trajs)
-        ref_logp = c.trainer.ref_logprobs(trajs) if cfg.algo.kl_coef > 0 else None
-        values = c.critic.values(trajs) if c.critic else None
-        # 4. Advantages.
-        kl_coef = c.kl_ctl.value
-        est = estimate_advantages(
-            cfg.algo.name, trajs, group_ids, old_logp=old_logp, ref_logp=ref_logp,
-            kl_coef_in_reward=kl_coef if cfg.algo.kl_in == "reward" else 0.0, kl_estimator=cfg.algo.kl_estimator,
-            values=values, gamma=cfg.algo.gamma, lam=cfg.algo.lam,
-        )
-        # 5. Updates.
-        if c.critic:
-            c.critic.update(trajs, values, est.returns, stats, guard=c.trainer.guard)
-        c.trainer.update(trajs, est.adv, old_logp, ref_logp, kl_coef if cfg.algo.kl_in == "loss" else 0.0, stats)
-        if est.kl_mean is not None:
-            c.kl_ctl.update(est.kl_mean, len(trajs))
-            stats.add(kl=est.kl_mean, kl_coef=kl_coef)
+        await asyncio.to_thread(learn, c, trajs, group_ids, step, stats)
     # Updates with a nan/inf loss or gradient norm were skipped (policy.py): counted here.
     stats.add(**c.trainer.guard.end_step())
-    # 6. New weights to the engine (in-process: the same tensors, so only the version moves).
-    await c.engine.update_weights(c.model, step)
+    # 6. New weights to the engine (in-process sync: the same tensors, so only the version moves;
+    #    async: the turns in flight are cut and continue under the new weights).
+    await c.rollout.publish(c.model, step)
     out = stats.export()
     out.setdefault("kl", out.get("actor/approx_kl", 0.0))
     out.setdefault("loss/policy", 0.0)
     out.setdefault("entropy", 0.0)
+    out.setdefault("actor/behav_imp_weight/mean", 1.0)
+    out.setdefault("actor/behav_cap_frac", 0.0)
+    out.update(batch.metrics)  # rollout/staleness/mean|max, rollout/interrupted, rollout/queue, time/wait_s
     out["time/rollout_s"] = t_rollout
     out["time/step_s"] = time.perf_counter() - t0
     out["tokens/sampled"] = float(sum(t.num_sampled for t in trajs)) if trajs else 0.0
     out["epoch"] = float(c.tasks.iterator.epoch)
     out.update(c.engine.metrics())  # engine/server_failures, ... (remote engines)
     return out
+
+
+def learn(c: Components, trajs, group_ids, step: int, stats: StatsTracker) -> None:
+    """Old / reference log-probs, values, advantages, then the critic and policy updates."""
+    cfg = c.cfg
+    # 3. Old log-probs (behaviour, or proximal with decoupled PPO), reference log-probs and values.
+    old = old_logprobs(cfg, c.trainer, trajs, trained_version=step - 1, reuse=c.reuse_engine_logprobs)
+    ref_logp = c.trainer.ref_logprobs(trajs) if cfg.algo.kl_coef > 0 else None
+    values = c.critic.values(trajs) if c.critic else None
+    # 4. Advantages.
+    kl_coef = c.kl_ctl.value
+    est = estimate_advantages(
+        cfg.algo.name, trajs, group_ids, old_logp=old.old, ref_logp=ref_logp,
+        kl_coef_in_reward=kl_coef if cfg.algo.kl_in == "reward" else 0.0, kl_estimator=cfg.algo.kl_estimator,
+        values=values, gamma=cfg.algo.gamma, lam=cfg.algo.lam,
+    )
+    # 5. Updates.
+    if c.critic:
+        c.critic.update(trajs, values, est.returns, stats, guard=c.trainer.guard)
+    c.trainer.update(trajs, est.adv, old.old, ref_logp, kl_coef if cfg.algo.kl_in == "loss" else 0.0, stats,
+                     behav_logp=old.behav, prox_alpha=old.alpha)
+    if est.kl_mean is not None:
+        c.kl_ctl.update(est.kl_mean, len(trajs))
+        stats.add(kl=est.kl_mean, kl_coef=kl_coef)
 
 
 def log_rollout_stats(stats: StatsTracker, trajs) -> None:
@@ -234,7 +255,7 @@ def checkpoint(c: Components, step: int) -> Path:
     state = {
         "step": step,
         "kind": "rl",
-        "data": c.tasks.iterator.state_dict(),
+        "data": c.rollout.data_state(step),  # the first batch not trained (async: later ones may be in flight)
         "engine": _engine_state(c.engine),
         "kl_ctl": c.kl_ctl.state_dict(),
         "trainer_gen": c.trainer.gen.get_state().tolist(),

@@ -388,10 +388,12 @@ def test_nonfinite_steps_in_a_row_stop_the_run_in_one_line(tmp_path, monkeypatch
 KILL_IN_PHASE = """
 import asyncio, os, signal, sys
 from seekrl.train import rl
+from seekrl.rollout import executor
 from seekrl.cli import main
 
 phase, nth = sys.argv[1], int(sys.argv[2])  # SIGKILL in the middle of the nth rollout or eval
-real = {"rollout": rl.collect, "eval": rl.evaluate}[phase]
+module, name = (executor, "collect") if phase == "rollout" else (rl, "evaluate")
+real = getattr(module, name)
 calls = 0
 
 async def killing(*args, **kwargs):
@@ -403,7 +405,7 @@ async def killing(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     return await real(*args, **kwargs)
 
-setattr(rl, "collect" if phase == "rollout" else "evaluate", killing)
+setattr(module, name, killing)
 sys.exit(main(sys.argv[3:]))
 """
 

@@ -1,0 +1,52 @@
+"""The log-probs the PPO ratio is taken against: plain PPO, or decoupled PPO (AReaL).
+
+Plain PPO (`algo.decoupled=false`) clips r = π_θ / π_old, with π_old the behaviour policy: the
+engine's log-probs when they are exact for the trainer's weights (`reuse`), else recomputed.
+
+Decoupled PPO (`algo.decoupled=true`, the default in async mode) separates the policy that
+sampled a token (behaviour, version v_b: the engine's log-probs, always) from the one the update
+is clipped around (proximal: the policy being trained, version v = step - 1):
+
+    loss = w · max(-A·r, -A·clip(r, 1-ε, 1+ε)),  r = π_θ / π_prox,  w = π_prox / π_behav
+
+and tokens with w > `algo.behav_imp_cap` are dropped (algo/losses.py policy_loss). π_prox is
+- `recompute`: one forward pass of the policy before the update. When every sampled token of the
+  batch is fresh (v_b = v) and the engine's log-probs are exact, π_prox = π_behav and the pass
+  is skipped (w = 1 exactly, the sync loop's update).
+- `loglinear` (AReaL): no forward pass; in the loss, log π_prox = log π_behav + α (log π_θ -
+  log π_behav) with π_θ's log-probs detached and α = (v - v_b) / (v + 1 - v_b) per token (θ moves
+  from version v towards v + 1 during the update; fresh tokens get α = 0, i.e. π_behav).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from seekrl.types import Trajectory
+
+
+@dataclass
+class OldLogprobs:
+    old: list[list[float]]  # the ratio's denominator: behaviour (plain), proximal (recompute), behaviour until the loss interpolates (loglinear)
+    behav: list[list[float]] | None = None  # decoupled: the engine's log-probs
+    alpha: list[list[float]] | None = None  # loglinear: the interpolation weight per token
+
+
+def loglinear_alpha(versions: list[int], trained_version: int) -> list[float]:
+    """α per token (module docstring); 0 for inserted tokens (version -1) and fresh ones."""
+    v = trained_version
+    return [0.0 if vb < 0 or vb >= v else (v - vb) / (v + 1 - vb) for vb in versions]
+
+
+def old_logprobs(cfg, trainer, trajs: list[Trajectory], trained_version: int, reuse: bool) -> OldLogprobs:
+    """The denominators of the step's update (module docstring). `reuse`: the engine's log-probs
+    are exact for the trainer's weights at the version that sampled them."""
+    a = cfg.algo
+    behav = [t.logprobs for t in trajs]
+    if not a.decoupled:
+        return OldLogprobs(behav if reuse else trainer.logprobs(trajs))
+    if a.prox_logp == "loglinear":
+        return OldLogprobs(behav, behav, [loglinear_alpha(t.versions, trained_version) for t in trajs])
+    fresh = all(v == trained_version for t in trajs for v, m in zip(t.versions, t.loss_mask) if m)
+    prox = behav if (reuse and fresh) else trainer.logprobs(trajs)
+    return OldLogprobs(prox, behav)
