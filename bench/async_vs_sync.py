@@ -3,8 +3,12 @@
     python bench/async_vs_sync.py                               # 2 engine servers, the arms below (~10 min on 2 cores)
     python bench/async_vs_sync.py --engine local --steps 60 --target 0.3
     python bench/async_vs_sync.py --latency 0 --arms sync,async2  # no simulated tool latency
+    python bench/async_vs_sync.py --config examples/demo_search.yaml --latency 0 --steps 30 --target 0.4 \
+        --set data.train=runs/demo/world/train.jsonl data.eval=runs/demo/world/test.jsonl \
+              tools.retriever=runs/demo/index model.path=runs/demo/sft/checkpoints/step_600/model   # the demo world
 
-The task is examples/tiny_grpo.yaml's (a tiny random model learns to copy; reward = word F1),
+The task is examples/tiny_grpo.yaml's (a tiny random model learns to copy; reward = word F1)
+unless `--config` / `--set` name another (the demo world's search task: example above),
 with a long tail in how long episodes take: before its turn, each episode waits for a simulated
 tool call whose latency is drawn per episode (seeded) from a Pareto-like tail — most calls take
 `--latency` seconds, one in ten takes 5-20x that, as web search or code execution do. The
@@ -73,7 +77,7 @@ def run_arm(name: str, overrides: list[str], args, out_dir: Path) -> dict:
     from seekrl.train.rl import _train, build
     from seekrl.engines.launch import terminate_as_exit
 
-    cfg = load_config(ROOT / "examples" / "tiny_grpo.yaml", [
+    cfg = load_config(args.config, [*args.set,
         f"train.steps={args.steps}", f"log.dir={out_dir}", f"log.name={name}", "log.progress=false", "log.tensorboard=false",
         "log.samples_every=0", "data.max_eval=16", "eval.every=0", "train.resume=never", f"train.seed={args.seed}",
         *(["engine.servers=2"] if args.engine == "servers" else []), *overrides,
@@ -113,6 +117,8 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--latency", type=float, default=0.05, help="typical simulated tool latency per episode, seconds (0: none)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", default=str(ROOT / "examples" / "tiny_grpo.yaml"), help="the run's config (default: the tiny copy task)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every arm (e.g. the demo world's paths)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     from rich.console import Console

@@ -5,7 +5,8 @@ One JSON object per trajectory, decoded from token ids (never the reverse):
     {"task_id", "source", "step", "group", "sample", "reward", "reward_parts",
      "finish_reason", "metrics", "answer", "prompt", "completion",
      "segments": [{"text": ..., "masked": false}, {"text": <tool output>, "masked": true}, ...],
-     "num_prompt_tokens", "num_completion_tokens", "num_sampled_tokens"}
+     "num_prompt_tokens", "num_completion_tokens", "num_sampled_tokens",
+     "policy_versions": [the versions that sampled its tokens; several in async runs]}
 
 `segments` are the maximal runs of equal loss_mask, each decoded on its own: `masked: true`
 marks inserted text (tool output, environment text) that is excluded from the loss. Joined,
@@ -60,6 +61,8 @@ def trajectory_record(traj: Trajectory, tokenizer: Decoder, **extra: Any) -> dic
         "num_prompt_tokens": len(traj.prompt_ids),
         "num_completion_tokens": len(ids),
         "num_sampled_tokens": int(sum(1 for m in traj.loss_mask if m)),
+        # the policy versions that sampled its tokens (several when async generation was cut by updates)
+        "policy_versions": sorted({int(v) for v, m in zip(traj.versions, traj.loss_mask) if m and v >= 0}),
     }
 
 

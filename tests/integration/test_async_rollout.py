@@ -400,6 +400,8 @@ def test_killed_async_run_resumes_without_training_an_episode_twice(tmp_path):
 
     def tasks(folder, step):
         lines = (folder / "trajectories" / f"step_{step}.jsonl").read_text().splitlines()
+        for record in map(json.loads, lines):  # written with the versions that sampled it: within the bound
+            assert record["policy_versions"] and min(record["policy_versions"]) >= step - 1 - 2
         return [json.loads(x)["task_id"] for x in lines]
 
     for step in range(1, 9):
