@@ -119,7 +119,6 @@ async def _train(c: Components) -> Path:
     # The engine samples from the weights the loop starts with (resumed, or changed since build):
     # in-process this only sets the version; servers get one disk sync.
     await c.rollout.publish(c.model, start)
-    c.rollout.start(start)  # async: episodes of the next steps start now
     logger = RunLogger(
         c.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
         config=cfg.to_dict(), resume_step=start if start > 0 else None,
@@ -128,6 +127,7 @@ async def _train(c: Components) -> Path:
     progress = Progress(cfg.train.steps, start_step=start, enabled=cfg.log.progress, fields=("kl", "entropy"))
     progress.start()
     try:
+        c.rollout.start(start)  # async: episodes of the next steps start now
         if start == 0 and c.tasks.eval:
             logger.log(await run_eval(c), step=0)
         for step in range(start + 1, stop_at + 1):
