@@ -77,3 +77,18 @@ class InferenceEngine(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
     def close(self) -> None: ...
+
+
+def text_decoder(tokenizer):
+    """ids -> text with special tokens kept, as engines decode to look for stop strings (the fast
+    `backend_tokenizer` when the tokenizer has one)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return lambda ids: backend.decode(ids, skip_special_tokens=False)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def stop_window(stops) -> int:
+    """How many of the last tokens to decode, after each new one, to find any of `stops`: the
+    longest stop string's characters + 4 (a token is at least one character)."""
+    return max((len(x) for x in stops if x), default=0) + 4

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from seekrl.engines.base import text_decoder
 from seekrl.engines.sampling import _Batch, _joined
 from seekrl.types import Completion, SamplingParams
 
@@ -119,12 +120,7 @@ class LocalEngine:
             raise ValueError("LocalEngine: neither the tokenizer nor the model config defines an eos token")
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids))
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._decode = (
-            (lambda ids: backend.decode(ids, skip_special_tokens=False))
-            if backend is not None
-            else (lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
-        )
+        self._decode = text_decoder(tokenizer)
         self.stats = {
             "batches": 0, "requests": 0, "tokens": 0, "forward_steps": 0, "prefill_tokens": 0, "seconds": 0.0, "aborted": 0,
             "joined": 0, "max_rows": 0,

@@ -162,14 +162,9 @@ class RemoteEngine:
         pause = self.api.pause("in_place")
         if self._server_pause is not None:  # pause("abort") paused the servers already
             paused, self._server_pause = self._server_pause, None
-            await asyncio.wait([paused])
+            await paused
             pause = []
-        calls = [*pause, *self.api.update_from_disk(str(folder), int(version)), *self.api.resume()]
-        live = self._live()
-        results = await asyncio.gather(*(self._sync_one(s, calls) for s in live), return_exceptions=True)
-        for s, r in zip(live, results):
-            if isinstance(r, BaseException) and not isinstance(r, _ServerFailed):
-                raise r
+        await self._on_live([*pause, *self.api.update_from_disk(str(folder), int(version)), *self.api.resume()])
         self._live()  # raises EngineUnavailable when the update killed every server
         self.version = int(version)
         if self.weights_dir is not None and isinstance(source, torch.nn.Module):
@@ -199,8 +194,12 @@ class RemoteEngine:
             self._spawn(self._continue_after(paused))
 
     async def _on_live(self, calls: list[HTTPCall]) -> None:
-        live = self._live()
-        await asyncio.gather(*(self._sync_one(s, calls) for s in live), return_exceptions=True)
+        """`calls`, in order, on every live server at once. A server that fails them is dead from then
+        on (it would sample from stale weights); any other error is raised."""
+        results = await asyncio.gather(*(self._sync_one(s, calls) for s in self._live()), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, _ServerFailed):
+                raise r
 
     async def _continue_after(self, paused: asyncio.Task) -> None:
         await asyncio.wait([paused])

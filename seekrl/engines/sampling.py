@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from seekrl.engines.base import stop_window
 from seekrl.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class _Batch:
             self.params.append(p)
             stops = tuple(x for x in p.stop if x)
             row = _Row(r, i, p, set(p.stop_token_ids) | (set() if p.ignore_eos else e.eos_ids), stops,
-                       max((len(x) for x in stops), default=0) + 4, list(r.done.token_ids[-64:]) if r.done else [])
+                       stop_window(stops), list(r.done.token_ids[-64:]) if r.done else [])
             if p.seed is not None and p.temperature > 0:
                 g = torch.Generator(device=dev)
                 g.manual_seed(int(p.seed))

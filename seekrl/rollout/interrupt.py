@@ -1,7 +1,7 @@
 """Interruptible generation: a weight update cuts the turns in flight, and they continue under the
 new weights from the tokens they already sampled.
 
-    engine = InterruptibleEngine(inner, decode=tokenizer_decode)
+    engine = InterruptibleEngine(inner, decode=text_decoder(tokenizer))   # engines/base.py
     c = await engine.generate(prompt_ids, params)          # what workflows call, as on any engine
     await engine.update_weights(model, version)            # pause("abort") -> load -> resume
 
@@ -29,6 +29,7 @@ import os
 
 import torch
 
+from seekrl.engines.base import stop_window
 from seekrl.types import Completion, SamplingParams
 
 
@@ -42,10 +43,6 @@ class InterruptibleEngine:
         self._epoch = 0  # weight updates started
         self._updating = False
         self._ready: asyncio.Event | None = None
-
-    @property
-    def version(self) -> int:
-        return self.engine.version
 
     def _event(self) -> asyncio.Event:
         if self._ready is None:
@@ -99,42 +96,18 @@ class InterruptibleEngine:
             self._updating = False
             ready.set()
 
-    # the rest of the protocol goes to the engine
-    def pause(self, mode: str = "hold") -> None:
-        self.engine.pause(mode)
-
-    def resume(self) -> None:
-        self.engine.resume()
-
-    def metrics(self) -> dict[str, float]:
-        return self.engine.metrics()
-
-    def state_dict(self) -> dict:
-        return self.engine.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.engine.load_state_dict(state)
-
-    def close(self) -> None:
-        self.engine.close()
-
-
-def token_decoder(tokenizer):
-    """ids -> text with special tokens kept, as the engines decode to look for stop strings."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return lambda ids: backend.decode(ids, skip_special_tokens=False)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+    def __getattr__(self, name):  # the rest of the protocol (version, pause, metrics, state_dict, close, ...) is the engine's
+        return getattr(self.engine, name)
 
 
 def _stop_across(decode, before: list[int], new: list[int], stops) -> int | None:
     """How many of `new` to keep when a stop string starts in `before` and ends in `new` (None: none
     does). Only the first tokens after the cut can complete one; as the engine does, each check
-    decodes the last `window` tokens (the longest stop string's characters + 4)."""
+    decodes the last `stop_window(stops)` tokens."""
     stops = tuple(s for s in stops if s)
     if not stops:
         return None
-    window = max(len(s) for s in stops) + 4
+    window = stop_window(stops)
     for j in range(min(len(new), window)):
         text = decode((before + new[: j + 1])[-window:])
         if any(s in text for s in stops):

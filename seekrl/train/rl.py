@@ -28,7 +28,7 @@ import torch
 
 from seekrl.algo.advantages import AdaptiveKLController, FixedKLController, zero_std_group_mask
 from seekrl.config import Config
-from seekrl.engines.base import InferenceEngine
+from seekrl.engines.base import InferenceEngine, text_decoder
 from seekrl.engines.launch import terminate_as_exit
 from seekrl.engines.setup import make_engine
 from seekrl.evaluate import evaluate
@@ -39,7 +39,6 @@ from seekrl.observe.samples import write_trajectories
 from seekrl.observe.stats import StatsTracker
 from seekrl.rollout import stable_seed
 from seekrl.rollout.executor import AsyncRollout, SyncRollout, make_rollout
-from seekrl.rollout.interrupt import token_decoder
 from seekrl.train.checkpoint import resume_checkpoint, save_checkpoint
 from seekrl.train.estimate import estimate_advantages
 from seekrl.train.offpolicy import old_logprobs
@@ -92,7 +91,7 @@ def build(cfg: Config) -> Components:
         cfg.train.recompute_logprobs == "auto" and next(model.parameters()).dtype == torch.float32 and not unmasked
         and getattr(engine, "exact_logprobs", True)  # remote: only seekrl's fp32 servers on the same weights
     )
-    rollout = make_rollout(cfg, workflow, engine, tasks.iterator, token_decoder(tokenizer))
+    rollout = make_rollout(cfg, workflow, engine, tasks.iterator, text_decoder(tokenizer))
     return Components(cfg, run_dir, tasks, model, tokenizer, engine, workflow, trainer, critic, kl_ctl, reuse, rollout)
 
 

@@ -30,7 +30,8 @@ from seekrl.observe.loggers import read_metrics
 from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import episode_params, stable_seed
 from seekrl.rollout.executor import AsyncRollout, staleness
-from seekrl.rollout.interrupt import InterruptibleEngine, _stop_across, token_decoder
+from seekrl.engines.base import text_decoder
+from seekrl.rollout.interrupt import InterruptibleEngine, _stop_across
 from seekrl.tools import ToolExecutor, ToolRegistry, get_format, tool
 from seekrl.train.rl import train
 from seekrl.types import Completion, SamplingParams, Task, Trajectory, TrajectoryGroup
@@ -274,7 +275,7 @@ def test_cut_episodes_equal_uncut_ones(tiny_tokenizer, searching_model, cut_seed
         return await wf.run(TASK, LocalEngine(searching_model, tiny_tokenizer, seed=0), 8, params)
 
     async def cut():
-        engine = InterruptibleEngine(LocalEngine(searching_model, tiny_tokenizer, seed=99), token_decoder(tiny_tokenizer))
+        engine = InterruptibleEngine(LocalEngine(searching_model, tiny_tokenizer, seed=99), text_decoder(tiny_tokenizer))
         rng = random.Random(cut_seed)
         run = asyncio.ensure_future(wf.run(TASK, engine, 8, params))
         version = 0
@@ -304,12 +305,19 @@ def test_cut_episodes_equal_uncut_ones(tiny_tokenizer, searching_model, cut_seed
 
 def test_a_stop_string_across_the_cut_ends_the_turn(tiny_tokenizer):
     enc = lambda s: tiny_tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-    decode = token_decoder(tiny_tokenizer)
+    decode = text_decoder(tiny_tokenizer)
     before = enc("<search> capital of France </sea")
     new = enc("rch> and more text")
     keep = _stop_across(decode, before, new, ("</search>",))
     assert keep is not None and "</search>" in decode(before + new[:keep]) and "</search>" not in decode(before + new[: keep - 1])
     assert _stop_across(decode, enc("<search> capital"), enc(" of France"), ("</search>",)) is None
+
+
+def test_loglinear_weights_by_version():
+    """α = (v - v_b) / (v + 1 - v_b): 0 for fresh and inserted tokens, towards 1 as tokens age."""
+    from seekrl.train.offpolicy import loglinear_alpha
+
+    assert loglinear_alpha([5, 4, 3, 1, -1], trained_version=5) == [0.0, 0.5, 2 / 3, 0.8, 0.0]
 
 
 # ---- training runs -------------------------------------------------------------------------------
@@ -343,7 +351,8 @@ def test_async_with_zero_staleness_gives_the_sync_results(tmp_path):
         assert r["actor/behav_imp_weight/mean"] == 1.0 and r["actor/behav_cap_frac"] == 0.0
 
 
-@pytest.mark.parametrize("extra", [[], ["algo.prox_logp=loglinear", "algo.behav_imp_cap=1.5"], ["algo.decoupled=false"]])
+@pytest.mark.parametrize("extra", [[], ["algo.prox_logp=loglinear", "algo.behav_imp_cap=1.5"], ["algo.decoupled=false"],
+                                   ["algo.name=ppo", "train.critic_lr=1e-3", "train.minibatches=2"]])
 def test_async_training_keeps_the_bound_and_overlaps(tmp_path, extra):
     run = train(tiny_cfg(tmp_path, "a", "rollout.mode=async", "rollout.max_staleness=1", "train.steps=10",
                          "rollout.max_concurrent=64", *extra))

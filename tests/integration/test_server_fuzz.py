@@ -164,32 +164,31 @@ def small_model(tiny_tokenizer):
     return make_tiny_model(tiny_tokenizer, hidden_size=32, num_layers=1, num_heads=4, max_position_embeddings=CONTEXT, seed=5).eval()
 
 
+def _serve_engine(make_app, small_model, tiny_tokenizer, **limits):
+    """A client of `make_app(LocalEngine, tokenizer, token=TOKEN, **limits)` served on loopback."""
+    engine = LocalEngine(small_model, tiny_tokenizer, max_batch_size=8, seed=0)
+    try:
+        with LiveServer(make_app(engine, tiny_tokenizer, token=TOKEN, max_body_bytes=100_000, **limits)) as url, \
+                httpx.Client(base_url=url, headers=AUTH, timeout=60) as client:
+            yield client
+    finally:
+        engine.close()
+
+
 @pytest.fixture(scope="module")
 def engine_server(small_model, tiny_tokenizer):
     from seekrl.servers.engine import make_app
 
-    engine = LocalEngine(small_model, tiny_tokenizer, max_batch_size=8, seed=0)
-    app = make_app(engine, tiny_tokenizer, model_path="fuzz", token=TOKEN, max_body_bytes=100_000, max_prompts_per_request=4,
-                   default_max_new_tokens=4)
-    try:
-        with LiveServer(app) as url, httpx.Client(base_url=url, headers=AUTH, timeout=60) as client:
-            yield client
-    finally:
-        engine.close()
+    yield from _serve_engine(make_app, small_model, tiny_tokenizer, model_path="fuzz", max_prompts_per_request=4,
+                             default_max_new_tokens=4)
 
 
 @pytest.fixture(scope="module")
 def policy_server(small_model, tiny_tokenizer):
     from seekrl.servers.policy import make_app
 
-    engine = LocalEngine(small_model, tiny_tokenizer, max_batch_size=8, seed=0)
-    app = make_app(engine, tiny_tokenizer, model_name="fuzz", token=TOKEN, max_body_bytes=100_000, max_tokens_cap=16,
-                   default_max_tokens=4, max_prompts_per_request=4, max_completions_per_request=8)
-    try:
-        with LiveServer(app) as url, httpx.Client(base_url=url, headers=AUTH, timeout=60) as client:
-            yield client
-    finally:
-        engine.close()
+    yield from _serve_engine(make_app, small_model, tiny_tokenizer, model_name="fuzz", max_tokens_cap=16, default_max_tokens=4,
+                             max_prompts_per_request=4, max_completions_per_request=8)
 
 
 @pytest.fixture(scope="module")
