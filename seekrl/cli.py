@@ -1,6 +1,7 @@
-"""`seekrl` command line: train, sft, eval, index, serve (retriever, mcp, policy), config.
+"""`seekrl` command line: train, launch, sft, eval, index, serve (retriever, mcp, policy), config.
 
     seekrl train examples/tiny_grpo.yaml train.steps=50 algo.name=ppo
+    seekrl launch examples/tiny_grpo.yaml cluster.engine_servers=2   # trainer ranks + engine servers on Ray
     seekrl sft CONFIG data.train=chats.jsonl            # chat SFT, loss on assistant tokens
     seekrl demo [--out runs/demo]                  # the embedded demo: SFT + GRPO with search on a CPU
     seekrl generate CONFIG generate.endpoint=http://127.0.0.1:8002/v1 generate.out=sft.jsonl   # or =teacher
@@ -54,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run (or resume) RL training: GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO")
     t.add_argument("config", help="YAML config (see examples/)")
     t.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    la = sub.add_parser("launch", help="run training on Ray: trainer ranks and engine servers placed per cluster.* (pip install seekrl[ray])")
+    la.add_argument("config", help="YAML config (see examples/)")
+    la.add_argument("overrides", nargs="*", help="section.key=value overrides")
     sf = sub.add_parser("sft", help="supervised fine-tuning on chat rows (loss on assistant tokens only); same run folder")
     sf.add_argument("config")
     sf.add_argument("overrides", nargs="*")
@@ -171,9 +175,20 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cfg = load_config(args.config, args.overrides)
         if args.command == "train":
+            from seekrl.parallel.ranks import rank_errors
             from seekrl.train.rl import train
 
-            run_dir = train(cfg)
+            with rank_errors():  # under torchrun: one line naming the failed rank
+                run_dir = train(cfg)
+            print(f"run folder: {run_dir}", file=sys.stderr)
+        elif args.command == "launch":
+            from seekrl.cluster.ray_launch import LaunchError, launch
+
+            try:
+                run_dir = launch(cfg)
+            except LaunchError as e:  # a rank failed (named), Ctrl-C, no room on the cluster, no Ray
+                print(f"seekrl: error: {e}", file=sys.stderr)
+                return e.status
             print(f"run folder: {run_dir}", file=sys.stderr)
         elif args.command == "sft":
             from seekrl.train.sft import sft

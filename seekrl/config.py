@@ -274,6 +274,14 @@ class TrainConfig:
     """Stop after this many steps in this process (0: no limit); for preemption tests and time slicing."""
     max_nonfinite: int = 3
     """An update whose loss or gradient norm is nan/inf is skipped (weights untouched, counted in train/nonfinite_skipped); after this many such steps in a row the run stops with exit 2, its checkpoints holding the last finite weights (0: never stop)."""
+    dist_backend: str = "auto"
+    """torch.distributed backend under torchrun / seekrl launch: auto (nccl on CUDA, gloo on CPU) | gloo | nccl."""
+    fsdp: str = "full"
+    """With several trainer ranks: full (FSDP2 fully_shard: parameters, gradients and optimizer state sharded over all ranks) | hybrid (sharded within a node, replicated across nodes) | none (every rank holds the whole model; gradients all-reduced). One process: ignored."""
+    dist_timeout_s: float = 1800.0
+    """Longest wait of a rank for the others (a collective, the controller's rollout): a rank that died or hangs ends the job after this, naming the rank."""
+    mixed_precision: str = "auto"
+    """FSDP compute dtype: auto (bf16 compute with fp32 master weights and reductions on CUDA; fp32 on CPU) | bf16 | fp32."""
 
 
 @dataclass
@@ -371,6 +379,32 @@ class LogConfig:
 
 
 @dataclass
+class ClusterConfig:
+    address: str = "local"
+    """seekrl launch: local (start Ray in this process) | auto (join the running cluster) | ray://host:port."""
+    num_cpus: int | None = None
+    """CPUs of a local Ray (cluster.address=local; default: all)."""
+    num_nodes: int = 1
+    """Nodes the trainer ranks spread over (ranks per node = trainer_ranks / num_nodes)."""
+    trainer_ranks: int = 1
+    """Trainer processes (torch.distributed ranks) seekrl launch places; rank 0 is the controller."""
+    engine_servers: int = 0
+    """Engine servers seekrl launch places, one Ray actor each; it sets engine.urls to them (0: rank 0 samples as the engine section says, in-process by default)."""
+    gpus_per_trainer: float = 0.0
+    """GPUs per trainer rank (0 on a CPU cluster)."""
+    gpus_per_engine: float = 0.0
+    """GPUs per engine server."""
+    cpus_per_trainer: float = 1.0
+    """CPUs Ray reserves per trainer rank."""
+    cpus_per_engine: float = 1.0
+    """CPUs Ray reserves per engine server."""
+    runtime_env: dict = field(default_factory=dict)
+    """Ray runtime_env for every actor (pip, working_dir, env_vars), passed to Ray as it is."""
+    timeout_s: float = 600.0
+    """Longest wait for the cluster's resources and for each server to come up."""
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -384,6 +418,7 @@ class Config:
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -395,7 +430,7 @@ class Config:
 SECTIONS: dict[str, type] = {
     "model": ModelConfig, "data": DataConfig, "rollout": RolloutConfig, "engine": EngineConfig, "tools": ToolsConfig, "reward": RewardConfig,
     "algo": AlgoConfig, "train": TrainConfig, "eval": EvalConfig, "generate": GenerateConfig,
-    "demo": DemoConfig, "log": LogConfig,
+    "demo": DemoConfig, "log": LogConfig, "cluster": ClusterConfig,
 }
 ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")

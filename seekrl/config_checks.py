@@ -286,6 +286,43 @@ def _check_async(cfg: Config) -> None:
                           "log-probs to weight by; set algo.decoupled=false for the unmasked ablation")
 
 
+def _check_dist(cfg: Config) -> None:
+    """train.dist_backend / fsdp / dist_timeout_s / mixed_precision and the cluster section."""
+    t, c = cfg.train, cfg.cluster
+    _choice("train.dist_backend", t.dist_backend, ("auto", "gloo", "nccl"))
+    _choice("train.fsdp", t.fsdp, ("full", "hybrid", "none"))
+    _choice("train.mixed_precision", t.mixed_precision, ("auto", "bf16", "fp32"))
+    if t.dist_timeout_s <= 0:
+        raise ConfigError(f"train.dist_timeout_s: must be > 0 seconds, got {t.dist_timeout_s}")
+    if not (c.address in ("local", "auto") or c.address.startswith("ray://")):
+        raise ConfigError(f"cluster.address: '{c.address}' is not local, auto or ray://host:port")
+    for key in ("trainer_ranks", "num_nodes"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"cluster.{key}: must be at least 1, got {getattr(c, key)}")
+    if c.trainer_ranks % c.num_nodes:
+        raise ConfigError(f"cluster.trainer_ranks ({c.trainer_ranks}) must be a multiple of cluster.num_nodes ({c.num_nodes})")
+    for key in ("engine_servers", "gpus_per_trainer", "gpus_per_engine", "cpus_per_trainer", "cpus_per_engine"):
+        if getattr(c, key) < 0:
+            raise ConfigError(f"cluster.{key}: must be >= 0, got {getattr(c, key)}")
+    if c.num_cpus is not None and c.num_cpus < 1:
+        raise ConfigError(f"cluster.num_cpus: must be at least 1 or null (all CPUs), got {c.num_cpus}")
+    if not isinstance(c.runtime_env, dict):
+        raise ConfigError(f"cluster.runtime_env: must be a mapping (e.g. {{pip: [seekrl]}}), got {c.runtime_env!r}")
+    if c.timeout_s <= 0:
+        raise ConfigError(f"cluster.timeout_s: must be > 0 seconds, got {c.timeout_s}")
+    if c.address == "local" and c.num_nodes > 1:
+        raise ConfigError(f"cluster.num_nodes={c.num_nodes} needs a cluster: a local Ray (cluster.address=local) is one node; "
+                          "use cluster.address=auto (a running cluster) or ray://host:port")
+    for what, cpus, gpus, n in (("trainer", c.cpus_per_trainer, c.gpus_per_trainer, c.trainer_ranks),
+                                ("engine", c.cpus_per_engine, c.gpus_per_engine, c.engine_servers)):
+        if n and cpus == 0 and gpus == 0:  # a placement group bundle cannot be empty
+            raise ConfigError(f"cluster.cpus_per_{what} and cluster.gpus_per_{what} are both 0; Ray places only what reserves "
+                              f"something: give it CPUs (e.g. cluster.cpus_per_{what}=0.5) or GPUs")
+    if c.engine_servers and cfg.engine.servers:  # (engine.urls may be set: a launched run's saved config has them; launch replaces them)
+        raise ConfigError(f"cluster.engine_servers={c.engine_servers} and engine.servers={cfg.engine.servers} are both set; "
+                          "seekrl launch places cluster.engine_servers servers itself: set engine.servers=0")
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks that must fail before any model loads."""
     _check_floats(cfg)
@@ -345,6 +382,7 @@ def validate(cfg: Config) -> None:
     _check_data_specs(cfg)
     _check_engine(cfg)
     _check_async(cfg)
+    _check_dist(cfg)
     g = cfg.generate
     if g.n < 1 or g.concurrency < 1 or g.retries < 0:
         raise ConfigError("generate.n and generate.concurrency must be at least 1, generate.retries at least 0")

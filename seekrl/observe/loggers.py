@@ -158,3 +158,13 @@ class RunLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class NullLogger:
+    """What trainer ranks other than 0 log to: nothing (rank 0 writes the run's metrics)."""
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -63,6 +63,7 @@ class StatsTracker:
         self._sums: dict[str, float] = {}
         self._counts: dict[str, float] = {}
         self._dists: dict[str, list[float]] = {}  # key -> [n, mean, m2, min, max]
+        self._maxes: dict[str, float] = {}
         self._prefix: list[str] = []
 
     # ----------------------------------------------------------------------------- scopes
@@ -87,6 +88,19 @@ class StatsTracker:
         """Record scalars; a key added several times in one step exports its mean."""
         for name, value in values.items():
             self._accumulate(self._key(name), _to_float(value), 1.0)
+
+    def add_weighted(self, weight: float, **values: Any) -> None:
+        """Record scalars with a weight: a key exports sum(value × weight) / sum(weight). Micro-batches
+        add their loss with their share of the minibatch, so the export is the minibatch's loss
+        whatever the micro-batching (and whichever rank computed which micro-batch)."""
+        for name, value in values.items():
+            self._accumulate(self._key(name), _to_float(value) * weight, float(weight))
+
+    def add_max(self, **values: Any) -> None:
+        """Record scalars of which the step exports the largest (ratio_max over micro-batches)."""
+        for name, value in values.items():
+            key = self._key(name)
+            self._maxes[key] = max(self._maxes.get(key, -math.inf), _to_float(value))
 
     def add_masked(self, name: str, x: Any, mask: Any) -> None:
         """Record the mean of `x` over positions where `mask` is nonzero (token-weighted).
@@ -133,12 +147,38 @@ class StatsTracker:
             max(hi, max(xs)),
         ]
 
+    # ----------------------------------------------------------------------------- ranks
+    def state(self) -> dict:
+        """What `merge` combines: the running sums, counts and distributions (JSON)."""
+        return {"sums": self._sums, "counts": self._counts, "dists": self._dists, "maxes": self._maxes}
+
+    def merge(self, states: list[dict]) -> None:
+        """Replace this tracker's values by the combination of `states` (every rank's `state()`):
+        sums and counts add, distributions pool. A value every rank recorded alike exports as it was."""
+        sums: dict[str, float] = {}
+        counts: dict[str, float] = {}
+        dists: dict[str, list[float]] = {}
+        maxes: dict[str, float] = {}
+        for st in states:
+            for k, v in st["maxes"].items():
+                maxes[k] = max(maxes.get(k, -math.inf), v)
+            for k, v in st["sums"].items():
+                sums[k] = sums.get(k, 0.0) + v
+                counts[k] = counts.get(k, 0.0) + st["counts"][k]
+            for k, (n_b, mean_b, m2_b, lo_b, hi_b) in st["dists"].items():
+                n_a, mean_a, m2_a, lo, hi = dists.get(k, [0.0, 0.0, 0.0, math.inf, -math.inf])
+                n = n_a + n_b
+                delta = mean_b - mean_a
+                dists[k] = [n, mean_a + delta * n_b / n, m2_a + m2_b + delta * delta * n_a * n_b / n, min(lo, lo_b), max(hi, hi_b)]
+        self._sums, self._counts, self._dists, self._maxes = sums, counts, dists, maxes
+
     # ----------------------------------------------------------------------------- export
     def export(self, reset: bool = True) -> dict[str, float]:
         """All metrics of the step as {key: float}, keys sorted; clears the tracker if `reset`."""
         out: dict[str, float] = {}
         for key, total in self._sums.items():
             out[key] = total / self._counts[key]
+        out.update(self._maxes)
         for key, (n, mean, m2, lo, hi) in self._dists.items():
             out[f"{key}/mean"] = mean
             out[f"{key}/std"] = math.sqrt(max(m2 / n, 0.0))
@@ -153,3 +193,4 @@ class StatsTracker:
         self._sums.clear()
         self._counts.clear()
         self._dists.clear()
+        self._maxes.clear()

@@ -43,6 +43,7 @@ class MicroBatch:
     prompt_mask_UP: torch.Tensor | None = None
     row_prompt_B: torch.Tensor | None = None  # which distinct prompt each row continues
     prompt_len_B: torch.Tensor | None = None
+    dummy: bool = False  # run only to keep the ranks' collectives in step (parallel/shards.py): loss × 0
 
     @property
     def num_tokens(self) -> int:
@@ -112,7 +113,11 @@ def pad_completion(values: list[list[float]], width: int, dtype=torch.float32) -
     return out
 
 
-def make_micro_batch(trajs: list[Trajectory], index: list[int], pad_id: int, device, share_prefix: bool = False) -> MicroBatch:
+def make_micro_batch(trajs: list[Trajectory], index: list[int], pad_id: int, device, share_prefix: bool = False,
+                     always_prefix: bool = False) -> MicroBatch:
+    """The padded tensors of rows `index`; with `share_prefix`, the shared-prefix layout when some
+    rows share a prompt (`always_prefix`: even when none do, so that every micro-batch runs the
+    decoder twice, as FSDP ranks must all do the same passes: parallel/shards.py)."""
     rows = [trajs[i] for i in index]
     L = max(seq_len(t) for t in rows)
     C = max(1, max(len(t.completion_ids) for t in rows))
@@ -136,7 +141,7 @@ def make_micro_batch(trajs: list[Trajectory], index: list[int], pad_id: int, dev
     if share_prefix:
         distinct: dict[tuple, int] = {}
         row_prompt = [distinct.setdefault(tuple(t.prompt_ids), len(distinct)) for t in rows]
-        if len(distinct) < B and all(len(t.prompt_ids) > 0 for t in rows):
+        if (len(distinct) < B or always_prefix) and all(len(t.prompt_ids) > 0 for t in rows):
             P = max(len(k) for k in distinct)
             prompt_ids = torch.full((len(distinct), P), pad_id, dtype=torch.long)
             prompt_mask = torch.zeros(len(distinct), P, dtype=torch.long)
@@ -213,6 +218,13 @@ def can_share_prefix(model) -> bool:
 
 def completion_logits(model, mb: MicroBatch, temperature: float) -> torch.Tensor:
     """Temperature-scaled logits `(B, C, V)` (float32) for the completion tokens only."""
+    scores = getattr(model, "seekrl_completion_logits", None)  # FSDP2: the same, registered as a forward method
+    if scores is not None:
+        return scores(mb, temperature)
+    return _completion_logits(model, mb, temperature)
+
+
+def _completion_logits(model, mb: MicroBatch, temperature: float) -> torch.Tensor:
     hidden_BCH = completion_hidden(model, mb)
     head = _unwrap(model).get_output_embeddings()
     logits_BCV = head(hidden_BCH).float()

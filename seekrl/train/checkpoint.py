@@ -8,14 +8,22 @@ A checkpoint is a folder `ckpt_root/step_<N>/`:
     adapter/                    peft models only: the adapter (what resume loads)
     optimizer.safetensors/.json optimizer.state_dict(): tensors under keys like
                                 "state.<param_idx>.exp_avg", the rest (param_groups, ...) as JSON
+    optimizer_dcp/              instead, when the optimizer state is sharded over trainer ranks
+                                (FSDP2): torch.distributed.checkpoint files of the tensors, each
+                                rank its shard, keyed "state.<param_name>.exp_avg"; param_groups.json
+                                the rest. Loads on any number of ranks (DCP reshards), or one.
     scheduler.json              lr scheduler state_dict() (plain fields; functions are code)
     critic.safetensors          value model / value head state_dict()
     critic_optimizer.*          its optimizer, as above
     rng.safetensors, rng.json   torch CPU/CUDA generator states; python and numpy states
     state.json                  the caller's loop state (step, data iterator, KL controller, ...)
 
-Nothing is ever pickled or unpickled (no torch.save / torch.load), so loading a checkpoint
-cannot run code. One process saves per `ckpt_root` (rank 0 under torch distributed).
+Nothing is unpickled here (no torch.load); the one pickle in a checkpoint, the `.metadata`
+index DCP writes into an optimizer_dcp/ folder, is read by parallel/dcp.py with an unpickler that
+admits only DCP's metadata classes, torch sizes, dtypes and layouts, and DCP reads its tensor
+files with `torch.load(weights_only=True)`; so loading a checkpoint cannot run code. One process writes the
+folder (rank 0 under torch distributed); with a sharded optimizer every rank writes its shard
+into it (parallel/checkpoint.py).
 
 Crash safety. A checkpoint is written into `step_<N>.tmp/` (state.json last) and renamed into
 place when complete; then the pointer `ckpt_root/latest` (one line: the folder name, e.g.
@@ -186,6 +194,11 @@ def _load_model(model: torch.nn.Module, folder: Path) -> None:
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         weights.update(load_file(str(f)))
+    if _is_sharded(model):  # FSDP2 over several ranks: every rank reads the full weights and keeps its shard
+        from seekrl.parallel.fsdp import load_full_state_dict
+
+        load_full_state_dict(model, weights)
+        return
     result = model.load_state_dict(weights, strict=False)
     # A missing key is fine only if it is tied to (shares storage with) a key that was loaded,
     # e.g. lm_head.weight with tie_word_embeddings: save_pretrained stores tied weights once.
@@ -197,6 +210,39 @@ def _load_model(model: torch.nn.Module, folder: Path) -> None:
             f"checkpoint: weights in {folder / 'model'} do not match {type(model).__name__}: "
             f"missing {untied_missing[:5]}, unexpected {result.unexpected_keys[:5]}"
         )
+
+
+# --------------------------------------------------------------------------- optimizer, either layout
+def _is_sharded(model: torch.nn.Module | None) -> bool:
+    from seekrl.parallel.fsdp import is_sharded
+
+    return model is not None and is_sharded(model)
+
+
+def load_optimizer(folder: Path, name: str, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer state in either layout (full `<name>.json` or sharded `<name>_dcp/`) into
+    `optimizer`, sharded over ranks or not: N ranks → M ranks."""
+    if (folder / f"{name}_dcp").is_dir():
+        from seekrl.parallel.dcp import load_sharded_optimizer
+
+        if model is None:
+            raise CheckpointError("", f"{name}_dcp/ is keyed by parameter name: pass the model with the optimizer")
+        load_sharded_optimizer(folder, name, model, optimizer)
+    elif _is_sharded(model):
+        from seekrl.parallel.dcp import load_full_optimizer_sharded
+
+        load_full_optimizer_sharded(_load_tree(folder, name), model, optimizer)
+    else:
+        optimizer.load_state_dict(_load_tree(folder, name))
+
+
+def _load_critic(critic: torch.nn.Module, folder: Path) -> None:
+    if _is_sharded(critic):
+        from seekrl.parallel.fsdp import load_full_state_dict
+
+        load_full_state_dict(critic, load_file(str(folder / "critic.safetensors")))
+    else:
+        load_model(_unwrap(critic), str(folder / "critic.safetensors"), strict=True)
 
 
 # --------------------------------------------------------------------------- RNG
@@ -367,7 +413,11 @@ def _verified_state(
             if absent:
                 raise CheckpointError("", f"{absent[0]} is missing (model.safetensors.index.json names it)")
     for wanted, name in ((optimizer, "optimizer"), (scheduler, "scheduler"), (critic_optimizer, "critic_optimizer")):
-        if wanted:
+        if wanted and (folder / f"{name}_dcp").is_dir():
+            from seekrl.parallel.dcp import check_dcp
+
+            check_dcp(folder, name)
+        elif wanted:
             if not (folder / f"{name}.json").is_file():
                 raise CheckpointError("", f"{name}.json is missing (it was saved without a {name.replace('_', ' ')})")
             _check_tree(folder, name, keys)
@@ -498,16 +548,19 @@ def save_checkpoint(
     tokenizer: Any = None,
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any = None,
-    critic: torch.nn.Module | None = None,
+    critic: torch.nn.Module | dict[str, torch.Tensor] | None = None,
     critic_optimizer: torch.optim.Optimizer | None = None,
     state: dict,
     keep_last: int | None = None,
+    before_state=None,
 ) -> Path:
     """Write `ckpt_root/step_<step>/` atomically, point `ckpt_root/latest` at it, and return its
     path (see the module docstring).
 
     `state` must be JSON-serializable. `keep_last=K` then deletes complete checkpoints until K
-    are left: this one and the newest K-1 others (by step number); None keeps all.
+    are left: this one and the newest K-1 others (by step number); None keeps all. `critic` may
+    be its gathered weights (a dict). `before_state(tmp)` runs before state.json marks the folder
+    complete: the trainer ranks write their optimizer shards there (parallel/checkpoint.py).
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -527,11 +580,15 @@ def save_checkpoint(
         _save_tree(tmp, "optimizer", optimizer.state_dict())
     if scheduler is not None:
         _save_tree(tmp, "scheduler", scheduler.state_dict(), strict=False)
-    if critic is not None:
+    if isinstance(critic, dict):
+        save_file({k: v.contiguous() for k, v in critic.items()}, str(tmp / "critic.safetensors"))
+    elif critic is not None:
         save_model(_unwrap(critic), str(tmp / "critic.safetensors"))
     if critic_optimizer is not None:
         _save_tree(tmp, "critic_optimizer", critic_optimizer.state_dict())
     _save_rng(tmp)
+    if before_state is not None:
+        before_state(tmp)
     (tmp / "state.json").write_text(state_text)  # written last: marks the folder complete
 
     if final.exists():  # saving the same step again (e.g. after a resume): swap it out
@@ -585,13 +642,13 @@ def load_checkpoint(
     if model is not None:
         _load_model(model, folder)
     if optimizer is not None:
-        optimizer.load_state_dict(_load_tree(folder, "optimizer"))
+        load_optimizer(folder, "optimizer", model, optimizer)
     if scheduler is not None:
         scheduler.load_state_dict(_load_tree(folder, "scheduler"))
     if critic is not None:
-        load_model(_unwrap(critic), str(folder / "critic.safetensors"), strict=True)
+        _load_critic(critic, folder)
     if critic_optimizer is not None:
-        critic_optimizer.load_state_dict(_load_tree(folder, "critic_optimizer"))
+        load_optimizer(folder, "critic_optimizer", critic, critic_optimizer)
     if restore_rng:
         _load_rng(folder)
     return state

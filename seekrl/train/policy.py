@@ -30,17 +30,10 @@ import torch
 from seekrl.algo.losses import aggregate, entropy_from_logits, kl_loss, policy_loss, value_loss
 from seekrl.config import Config, ConfigError
 from seekrl.observe.stats import StatsTracker
-from seekrl.train.batching import (
-    MicroBatch,
-    can_share_prefix,
-    completion_logits,
-    make_micro_batch,
-    pad_completion,
-    plan_micro_batches,
-    plan_prefix_micro_batches,
-    seq_len,
-    token_logprobs,
-)
+from seekrl.parallel.fsdp import grad_scale, sync_gradients
+from seekrl.parallel.ranks import Ranks
+from seekrl.parallel.shards import rank_micro_batches
+from seekrl.train.batching import MicroBatch, can_share_prefix, completion_logits, pad_completion, token_logprobs
 from seekrl.types import Trajectory
 
 
@@ -147,15 +140,28 @@ def minibatch_indices(n: int, epochs: int, minibatches: int, gen: torch.Generato
             yield epoch, perm[k * size : (k + 1) * size] if k < minibatches - 1 else perm[k * size :]
 
 
-def micro_batches(trajs: list[Trajectory], idx: list[int], cfg: Config, pad_id: int, device, share: bool) -> Iterator[MicroBatch]:
-    """The micro-batches of the trajectories `idx`, within `train.micro_batch_tokens`."""
-    budget = cfg.train.micro_batch_tokens
-    if share:
-        plan = plan_prefix_micro_batches(trajs, idx, budget)
-    else:
-        plan = plan_micro_batches([seq_len(trajs[i]) for i in idx], budget)
-    for group in plan:
-        yield make_micro_batch(trajs, [idx[k] for k in group], pad_id, device, share_prefix=share)
+def micro_batches(trajs: list[Trajectory], idx: list[int], cfg: Config, pad_id: int, device, share: bool,
+                  ranks: Ranks | None = None) -> Iterator[MicroBatch]:
+    """The micro-batches of the trajectories `idx`, within `train.micro_batch_tokens`; with several
+    ranks, this rank's share of them (parallel/shards.py), padded with dummies to the others' count."""
+    yield from rank_micro_batches(trajs, idx, cfg.train.micro_batch_tokens, pad_id, device, share, ranks or Ranks())
+
+
+def gather_rows(rows: dict[int, list[float]], n: int, ranks: Ranks) -> list[list[float]]:
+    """Per-row results computed on the ranks that own the rows → the list of all `n`, on every rank."""
+    if ranks.distributed:
+        rows = {int(i): v for part in ranks.all_gather_json({str(i): v for i, v in rows.items()}) for i, v in part.items()}
+    return [rows.get(i, []) for i in range(n)]
+
+
+def finite_everywhere(finite: bool, guard: NonFiniteGuard, ranks: Ranks) -> bool:
+    """An optimizer step runs on every rank or on none: skipped when any rank saw a non-finite loss."""
+    if not ranks.distributed:
+        return finite
+    everywhere = ranks.all_true(finite)
+    if not everywhere:
+        guard.finite({"loss (on another rank)": math.nan})  # counts the step as skipped on this rank too
+    return everywhere
 
 
 def effective_loss_masks(trajs: list[Trajectory], mask_truncated: bool) -> list[list[int]]:
@@ -164,8 +170,9 @@ def effective_loss_masks(trajs: list[Trajectory], mask_truncated: bool) -> list[
 
 
 class PolicyTrainer:
-    def __init__(self, model, cfg: Config, pad_id: int, total_steps: int, ref_model=None):
+    def __init__(self, model, cfg: Config, pad_id: int, total_steps: int, ref_model=None, ranks: Ranks | None = None):
         self.model = model
+        self.ranks = ranks or Ranks()  # several: `model` (and ref_model) are sharded over them (parallel/fsdp.py)
         self.cfg = cfg
         self.pad_id = pad_id
         self.ref_model = ref_model
@@ -184,13 +191,14 @@ class PolicyTrainer:
         model = model if model is not None else self.model
         was_training = model.training
         model.eval()
-        out: list[list[float]] = [[] for _ in trajs]
-        for mb in micro_batches(trajs, list(range(len(trajs))), self.cfg, self.pad_id, self.device, self.share_prefix):
+        out: dict[int, list[float]] = {}
+        for mb in micro_batches(trajs, list(range(len(trajs))), self.cfg, self.pad_id, self.device, self.share_prefix, self.ranks):
             logp_BC = token_logprobs(completion_logits(model, mb, self.cfg.rollout.temperature), mb.target_ids_BC)
-            for b, i in enumerate(mb.index):
-                out[i] = logp_BC[b, : len(trajs[i].completion_ids)].tolist()
+            if not mb.dummy:
+                for b, i in enumerate(mb.index):
+                    out[i] = logp_BC[b, : len(trajs[i].completion_ids)].tolist()
         model.train(was_training)
-        return out
+        return gather_rows(out, len(trajs), self.ranks)
 
     def ref_logprobs(self, trajs: list[Trajectory]) -> list[list[float]]:
         """Reference log-probs: the frozen initial policy, or the LoRA base with adapters off."""
@@ -227,11 +235,15 @@ class PolicyTrainer:
                 stats.add(skipped_minibatches=1.0)
                 continue
             self.optimizer.zero_grad(set_to_none=True)
-            finite = all(  # stops at the first micro-batch with a non-finite loss (its step is skipped anyway)
-                self._micro_step(mb, masks, adv, old_logp, ref_logp, kl_coef, n_tok, n_seq, stats, behav_logp, prox_alpha)
-                for mb in micro_batches(trajs, idx, self.cfg, self.pad_id, self.device, self.share_prefix)
-            )
+            finite = True
+            for mb in micro_batches(trajs, idx, self.cfg, self.pad_id, self.device, self.share_prefix, self.ranks):
+                finite = self._micro_step(mb, masks, adv, old_logp, ref_logp, kl_coef, n_tok, n_seq, stats, behav_logp,
+                                          prox_alpha) and finite
+                if not finite and not self.ranks.distributed:
+                    break  # its step is skipped anyway (every rank runs all its micro-batches: FSDP's collectives)
+            finite = finite_everywhere(finite, self.guard, self.ranks)
             if finite:
+                sync_gradients(self.model, self.ranks)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm))
                 stats.add(**{"grad_norm/policy": grad_norm})
                 finite = self.guard.finite({"grad_norm/policy": grad_norm})
@@ -250,7 +262,9 @@ class PolicyTrainer:
         rows = mb.index
         mask_BC = pad_completion([masks[i] for i in rows], C).to(self.device)
         n_mb = float(mask_BC.sum())
-        if n_mb == 0:
+        if mb.dummy or n_mb == 0:  # nothing to learn; with several ranks it still runs forward and backward
+            if self.ranks.distributed:
+                (completion_logits(self.model, mb, self.cfg.rollout.temperature).sum() * 0.0).backward()
             return True
         # Each micro-batch carries its share of the minibatch loss (exact for every aggregation).
         if a.loss_agg == "token-mean":
@@ -276,23 +290,26 @@ class PolicyTrainer:
         pstats["behav_imp_weight/mean"] = pstats.pop("behav_imp_weight_mean", 1.0)
         pstats.setdefault("behav_cap_frac", 0.0)
         parts = {"loss/policy": loss.item()}
-        stats.add(**parts)
-        for k, v in pstats.items():
-            stats.add(**{f"actor/{k}": v})
+        stats.add_weighted(weight, **parts)  # exported: the minibatch's loss, however it was split
+        stats.add_max(**{"actor/ratio_max": pstats.pop("ratio_max")})
+        for k, v in pstats.items():  # token means within the micro-batch: weighted by its tokens
+            stats.add_weighted(n_mb / n_tok, **{f"actor/{k}": v})
         if ref_logp is not None and a.kl_in == "loss" and kl_coef > 0:
             ref_BC = pad_completion([ref_logp[i] for i in rows], C).to(self.device)
             kl = kl_loss(logp_BC, ref_BC, mask_BC, kind=a.kl_estimator, agg=self._agg(), **self._norm())
             loss = loss + kl_coef * kl
             parts["loss/kl"] = kl.item()
-            stats.add(**{"loss/kl": parts["loss/kl"]})
+            stats.add_weighted(weight, **{"loss/kl": parts["loss/kl"]})
         ent_logits = logits_BCV if a.entropy_coef > 0 else logits_BCV.detach()
         ent_BC = entropy_from_logits(ent_logits)
         stats.add_masked("entropy", ent_BC.detach(), mask_BC)
         if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * aggregate(ent_BC, mask_BC, self._agg(), **self._norm())
         if not self.guard.finite({**parts, "loss": loss.item()}):
+            if self.ranks.distributed:  # the others reduce this backward's gradients; the step is skipped everywhere
+                (loss * 0.0).backward()
             return False
-        (loss * weight).backward()
+        (loss * (weight * grad_scale(self.ranks))).backward()
         return True
 
     def _agg(self):
@@ -305,8 +322,9 @@ class PolicyTrainer:
 class CriticTrainer:
     """The PPO value model: per-token values in completion layout, clipped value loss."""
 
-    def __init__(self, value_model, cfg: Config, pad_id: int, total_steps: int):
+    def __init__(self, value_model, cfg: Config, pad_id: int, total_steps: int, ranks: Ranks | None = None):
         self.model = value_model
+        self.ranks = ranks or Ranks()
         self.cfg = cfg
         self.pad_id = pad_id
         self.device = next(value_model.parameters()).device
@@ -324,13 +342,14 @@ class CriticTrainer:
     def values(self, trajs: list[Trajectory]) -> list[list[float]]:
         was_training = self.model.training
         self.model.eval()
-        out: list[list[float]] = [[] for _ in trajs]
-        for mb in micro_batches(trajs, list(range(len(trajs))), self.cfg, self.pad_id, self.device, share=False):
+        out: dict[int, list[float]] = {}
+        for mb in micro_batches(trajs, list(range(len(trajs))), self.cfg, self.pad_id, self.device, False, self.ranks):
             v_BC = self._values(mb)
-            for b, i in enumerate(mb.index):
-                out[i] = v_BC[b, : len(trajs[i].completion_ids)].tolist()
+            if not mb.dummy:
+                for b, i in enumerate(mb.index):
+                    out[i] = v_BC[b, : len(trajs[i].completion_ids)].tolist()
         self.model.train(was_training)
-        return out
+        return gather_rows(out, len(trajs), self.ranks)
 
     def update(self, trajs: list[Trajectory], old_values, returns, stats: StatsTracker, guard: NonFiniteGuard | None = None) -> None:
         """Value-loss epochs × minibatches; an optimizer step with a non-finite loss or gradient
@@ -345,24 +364,33 @@ class CriticTrainer:
                 continue
             self.optimizer.zero_grad(set_to_none=True)
             finite = True
-            for mb in micro_batches(trajs, idx, self.cfg, self.pad_id, self.device, share=False):
+            dist = self.ranks.distributed
+            for mb in micro_batches(trajs, idx, self.cfg, self.pad_id, self.device, False, self.ranks):
                 C = mb.target_ids_BC.shape[1]
                 mask_BC = pad_completion([masks[i] for i in mb.index], C).to(self.device)
-                if mask_BC.sum() == 0:
+                if mb.dummy or mask_BC.sum() == 0:
+                    if dist:  # every rank runs as many backward passes (FSDP's collectives)
+                        (self._values(mb).sum() * 0.0).backward()
                     continue
                 v_BC = self._values(mb)
                 old_BC = pad_completion([old_values[i] for i in mb.index], C).to(self.device)
                 ret_BC = pad_completion([returns[i] for i in mb.index], C).to(self.device)
                 loss, vstats = value_loss(v_BC, old_BC, ret_BC, mask_BC, clip=self.cfg.algo.value_clip)
                 loss_value = loss.item()
-                stats.add(**{"loss/value": loss_value})
+                weight = float(mask_BC.sum()) / n_tok
+                stats.add_weighted(weight, **{"loss/value": loss_value})
                 for k, v in vstats.items():
-                    stats.add(**{f"critic/{k}": v})
+                    stats.add_weighted(weight, **{f"critic/{k}": v})
                 if not guard.finite({"loss/value": loss_value}):
                     finite = False
-                    break
-                (loss * float(mask_BC.sum()) / n_tok).backward()
+                    if not dist:
+                        break
+                    (loss * 0.0).backward()
+                    continue
+                (loss * (weight * grad_scale(self.ranks))).backward()
+            finite = finite_everywhere(finite, guard, self.ranks)
             if finite:
+                sync_gradients(self.model, self.ranks)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm))
                 stats.add(**{"grad_norm/critic": grad_norm})
                 finite = guard.finite({"grad_norm/critic": grad_norm})

@@ -3,7 +3,10 @@
     seekrl train examples/tiny_grpo.yaml [section.key=value ...]
 
 It reads top to bottom and calls the functions that do the work (rollout/, workflows/,
-train/offpolicy.py, train/estimate.py, train/policy.py, train/checkpoint.py, observe/). Each step
+train/offpolicy.py, train/estimate.py, train/policy.py, train/checkpoint.py, observe/). Under
+torchrun (or `seekrl launch`) every trainer rank runs this same loop: rank 0 rolls out and
+logs, every rank receives the batch and computes its share of the log-probs and gradients on a
+policy sharded with FSDP2; that machinery is in parallel/ behind `c.ranks` and `c.rollout`. Each step
 asks the rollout for its batch: `rollout.mode=sync` rolls the step's tasks out then, `async`
 has kept episodes running on the engine while the trainer stepped (rollout/executor.py); the
 update runs in a worker thread so that episodes go on meanwhile. The algorithm is chosen by
@@ -33,13 +36,17 @@ from seekrl.engines.launch import terminate_as_exit
 from seekrl.engines.setup import make_engine
 from seekrl.evaluate import evaluate
 from seekrl.models import make_value_model
-from seekrl.observe.loggers import RunLogger
+from seekrl.observe.loggers import NullLogger, RunLogger
 from seekrl.observe.progress import Progress
 from seekrl.observe.samples import write_trajectories
 from seekrl.observe.stats import StatsTracker
+from seekrl.parallel.checkpoint import save_ranks_checkpoint
+from seekrl.parallel.controller import FollowerEngine, FollowerRollout, LeaderRollout
+from seekrl.parallel.fsdp import is_sharded, shard_model
+from seekrl.parallel.ranks import Ranks, init_ranks
 from seekrl.rollout import stable_seed
 from seekrl.rollout.executor import AsyncRollout, SyncRollout, make_rollout
-from seekrl.train.checkpoint import resume_checkpoint, save_checkpoint
+from seekrl.train.checkpoint import resume_checkpoint
 from seekrl.train.estimate import estimate_advantages
 from seekrl.train.offpolicy import old_logprobs
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
@@ -59,28 +66,40 @@ class Components:
     critic: CriticTrainer | None
     kl_ctl: FixedKLController | AdaptiveKLController
     reuse_engine_logprobs: bool
-    rollout: SyncRollout | AsyncRollout  # where each step's batch comes from (rollout.mode)
+    rollout: SyncRollout | AsyncRollout | LeaderRollout | FollowerRollout  # where each step's batch comes from
+    ranks: Ranks  # one process: Ranks(); under torchrun this process's rank (parallel/ranks.py)
+    full_model: torch.nn.Module | None  # rank 0: the policy's full weights (the model itself unless sharded)
 
 
 def build(cfg: Config) -> Components:
     """Everything that can fail on bad input fails here, before the model loads, then loads it."""
     rubric = build_rubric(cfg)
     tasks = load_task_sets(cfg)
-    run_dir = prepare_run_dir(cfg)
+    ranks = init_ranks(cfg)  # one process, or this rank of torchrun's (joins the process group)
+    run_dir = prepare_run_dir(cfg, write=ranks.is_main)
     seed_everything(cfg.train.seed)
     m = cfg.model
     model, tokenizer = load_policy(cfg, tasks.tiny_texts)
-    workflow = make_workflow(cfg, tokenizer, rubric)
-    tasks.drop_long_prompts(workflow.prompt_ids, cfg.rollout.max_prompt_tokens)
-    engine = make_engine(cfg, model, tokenizer, run_dir)  # engine.servers=N starts them here
+    # rank 0 samples from a full copy when the policy is sharded; the other ranks have no engine
+    full_model = (copy.deepcopy(model) if ranks.sharded else model) if ranks.is_main else None
+    workflow, engine = None, FollowerEngine()
+    if ranks.is_main:
+        workflow = make_workflow(cfg, tokenizer, rubric)
+        tasks.drop_long_prompts(workflow.prompt_ids, cfg.rollout.max_prompt_tokens)
+        engine = make_engine(cfg, full_model, tokenizer, run_dir)  # engine.servers=N starts them here
+    else:
+        tasks.eval = []  # rank 0 evaluates
     a = cfg.algo
     ref_model = None
     if a.kl_coef > 0 and m.lora_r == 0:
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    trainer = PolicyTrainer(model, cfg, tokenizer.pad_token_id, cfg.train.steps, ref_model=ref_model)
+        ref_model = shard_model(copy.deepcopy(model).eval().requires_grad_(False), ranks, cfg.train.mixed_precision)
+    value_model = make_value_model(model) if a.name == "ppo" else None
+    model = shard_model(model, ranks, cfg.train.mixed_precision)  # FSDP2 over the ranks; one process: as it is
+    trainer = PolicyTrainer(model, cfg, tokenizer.pad_token_id, cfg.train.steps, ref_model=ref_model, ranks=ranks)
     critic = None
-    if a.name == "ppo":
-        critic = CriticTrainer(make_value_model(model), cfg, tokenizer.pad_token_id, cfg.train.steps)
+    if value_model is not None:
+        critic = CriticTrainer(shard_model(value_model, ranks, cfg.train.mixed_precision), cfg, tokenizer.pad_token_id,
+                               cfg.train.steps, ranks=ranks)
     kl_ctl = (
         AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target is not None else FixedKLController(a.kl_coef)
     )
@@ -90,9 +109,16 @@ def build(cfg: Config) -> Components:
     reuse = cfg.train.recompute_logprobs == "never" or (
         cfg.train.recompute_logprobs == "auto" and next(model.parameters()).dtype == torch.float32 and not unmasked
         and getattr(engine, "exact_logprobs", True)  # remote: only seekrl's fp32 servers on the same weights
+        and not (is_sharded(model) and model.device.type == "cuda")  # bf16 compute under FSDP mixed precision
     )
-    rollout = make_rollout(cfg, workflow, engine, tasks.iterator, text_decoder(tokenizer))
-    return Components(cfg, run_dir, tasks, model, tokenizer, engine, workflow, trainer, critic, kl_ctl, reuse, rollout)
+    reuse = ranks.broadcast_json(reuse)  # rank 0 knows its engine
+    if ranks.is_main:
+        rollout = make_rollout(cfg, workflow, engine, tasks.iterator, text_decoder(tokenizer))
+        rollout = LeaderRollout(rollout, ranks, full_model) if ranks.distributed else rollout
+    else:
+        rollout = FollowerRollout(ranks)
+    return Components(cfg, run_dir, tasks, model, tokenizer, engine, workflow, trainer, critic, kl_ctl, reuse, rollout, ranks,
+                      full_model)
 
 
 def seed_everything(seed: int) -> None:
@@ -110,6 +136,7 @@ def train(cfg: Config) -> Path:
             return asyncio.run(_train(c))
         finally:
             c.engine.close()
+            c.ranks.close()
 
 
 async def _train(c: Components) -> Path:
@@ -121,9 +148,9 @@ async def _train(c: Components) -> Path:
     logger = RunLogger(
         c.run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
         config=cfg.to_dict(), resume_step=start if start > 0 else None,
-    )
+    ) if c.ranks.is_main else NullLogger()
     stop_at = cfg.train.steps if not cfg.train.max_steps_this_run else min(cfg.train.steps, start + cfg.train.max_steps_this_run)
-    progress = Progress(cfg.train.steps, start_step=start, enabled=cfg.log.progress, fields=("kl", "entropy"))
+    progress = Progress(cfg.train.steps, start_step=start, enabled=cfg.log.progress and c.ranks.is_main, fields=("kl", "entropy"))
     progress.start()
     try:
         c.rollout.start(start)  # async: episodes of the next steps start now
@@ -157,7 +184,7 @@ async def rl_step(c: Components, step: int) -> dict[str, float]:
     trajs = [t for g in groups for t in g.trajectories]
     group_ids = [i for i, g in enumerate(groups) for _ in g.trajectories]
     log_rollout_stats(stats, trajs)
-    if cfg.log.samples_every and step % cfg.log.samples_every == 0:
+    if cfg.log.samples_every and step % cfg.log.samples_every == 0 and c.ranks.is_main:
         write_trajectories(c.run_dir / "trajectories" / f"step_{step}.jsonl", groups, c.tokenizer, max_groups=cfg.log.samples_groups)
 
     # 2. Optionally drop groups without reward spread (DAPO dynamic sampling).
@@ -212,6 +239,8 @@ def learn(c: Components, trajs, group_ids, step: int, stats: StatsTracker) -> No
     if est.kl_mean is not None:
         c.kl_ctl.update(est.kl_mean, len(trajs))
         stats.add(kl=est.kl_mean, kl_coef=kl_coef)
+    if c.ranks.distributed:  # each rank measured its share: combine them (what one process would have logged)
+        stats.merge(c.ranks.all_gather_json(stats.state()))
 
 
 def log_rollout_stats(stats: StatsTracker, trajs) -> None:
@@ -250,7 +279,7 @@ def _engine_state(engine) -> dict:
     return state
 
 
-def checkpoint(c: Components, step: int) -> Path:
+def checkpoint(c: Components, step: int) -> Path | None:
     state = {
         "step": step,
         "kind": "rl",
@@ -262,21 +291,27 @@ def checkpoint(c: Components, step: int) -> Path:
         "critic_sched": _sched_state(c.critic.scheduler) if c.critic else None,
         "nonfinite": c.trainer.guard.state_dict(),
     }
-    return save_checkpoint(
-        c.run_dir / "checkpoints", step, model=c.model, tokenizer=c.tokenizer, optimizer=c.trainer.optimizer,
-        scheduler=c.trainer.scheduler, critic=c.critic.model if c.critic else None,
+    # one process: the usual folder; several ranks: rank 0 writes the whole model, each rank its
+    # optimizer shard (parallel/checkpoint.py)
+    return save_ranks_checkpoint(
+        c.ranks, c.run_dir / "checkpoints", step, model=c.model, full_model=c.full_model, tokenizer=c.tokenizer,
+        optimizer=c.trainer.optimizer, scheduler=c.trainer.scheduler, critic=c.critic.model if c.critic else None,
         critic_optimizer=c.critic.optimizer if c.critic else None, state=state, keep_last=c.cfg.train.keep_last,
     )
+
+
+def _quiet(message: str) -> None:
+    pass
 
 
 def resume(c: Components) -> int:
     """Restore the checkpoint `train.resume` names, verified first (auto: the one checkpoints/latest
     names, else the newest intact one; damaged ones are skipped with a warning; none intact, or a
     bad path, is a CheckpointError); return the step it ends at (0: fresh run)."""
-    found = resume_checkpoint(
+    found = resume_checkpoint(  # every rank reads it (a sharded model keeps its shard; N ranks resume on M)
         c.cfg.train.resume, c.run_dir / "checkpoints", model=c.model, optimizer=c.trainer.optimizer,
         scheduler=c.trainer.scheduler, critic=c.critic.model if c.critic else None,
-        critic_optimizer=c.critic.optimizer if c.critic else None, kind="rl",
+        critic_optimizer=c.critic.optimizer if c.critic else None, kind="rl", **({} if c.ranks.is_main else {"warn": _quiet}),
     )
     if found is None:
         return 0

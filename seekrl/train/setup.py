@@ -23,9 +23,12 @@ from seekrl.types import SamplingParams, Task
 from seekrl.workflows.single_turn import SingleTurnWorkflow
 
 
-def prepare_run_dir(cfg: Config) -> Path:
-    """Create runs/<name>/, print the resolved config and save it as config.yaml."""
+def prepare_run_dir(cfg: Config, write: bool = True) -> Path:
+    """Create runs/<name>/, print the resolved config and save it as config.yaml (`write=False`:
+    only the path, for trainer ranks other than 0)."""
     run_dir = Path(cfg.log.dir) / (cfg.log.name or "run")
+    if not write:
+        return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
     if cfg.log.progress:
