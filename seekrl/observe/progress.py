@@ -125,10 +125,13 @@ class Progress:
         parts.extend(f"{key}={_fmt(value)}" for key, value in extra.items())
         return " ".join(parts)
 
-    def update(self, step: int, metrics: dict[str, Any] | None = None, **extra: Any) -> None:
-        """Report that `step` finished with `metrics`; `extra` fields are shown as given."""
+    def update(self, step: int, metrics: dict[str, Any] | None = None, step_time: float | None = None, **extra: Any) -> None:
+        """Report that `step` finished with `metrics`; `extra` fields are shown as given. `step_time`:
+        the step's wall time when the caller knows it (`seekrl launch` reads steps from metrics.jsonl
+        after the fact); default: the time since the last update."""
         now = time.perf_counter()
-        step_time, self._last_time = now - self._last_time, now
+        measured, self._last_time = now - self._last_time, now
+        step_time = measured if step_time is None else step_time
         if not self.enabled:
             return
         line = self.describe(step, metrics, step_time, **extra)
