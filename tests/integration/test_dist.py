@@ -121,6 +121,15 @@ def test_ppo_with_reference_two_ranks_equal_one_process(tmp_path):
     assert (tmp_path / "runs" / "two" / "checkpoints" / "step_2" / "critic_optimizer_dcp" / ".metadata").is_file()
 
 
+def test_async_rollout_on_two_ranks(tmp_path):
+    """rollout.mode=async on rank 0 (episodes run while the ranks update) keeps the staleness bound."""
+    train(tmp_path, 2, "train.steps=5", "data.eval=", "rollout.mode=async", "rollout.max_staleness=1", "log.name=a")
+    rows = metrics(tmp_path, "a")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert max(r["rollout/staleness/max"] for r in rows) == 1.0  # reached, never exceeded
+    assert all(r["grad_norm/policy"] > 0 for r in rows)
+
+
 def test_gradients_equal_on_a_fixed_batch(tmp_path):
     """Policy and critic gradients of one update (micro-batches of unequal count per rank, dummies
     included) equal the one-process gradients within 1e-5, and so do the logged statistics: FSDP2
