@@ -153,6 +153,32 @@ def test_gradients_equal_on_a_fixed_batch(tmp_path):
             assert abs(float(m1[k]) - float(m2[k])) <= 1e-5, (v, k, m1[k], m2[k])
 
 
+def test_hybrid_sharding_two_nodes_of_one_rank(tmp_path):
+    """train.fsdp=hybrid over 2 "nodes" of one rank each (LOCAL_WORLD_SIZE=1): a 2-D (replicate,
+    shard) mesh; the gradients equal one process's."""
+    worker = str(ROOT / "tests" / "fixtures" / "dist" / "grad_worker.py")
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    assert run([sys.executable, worker, str(tmp_path / "one"), "full:token-mean"], tmp_path).returncode == 0
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, worker, str(tmp_path / "two"), "hybrid:token-mean"], cwd=tmp_path,
+                              env={**_env(), "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True) for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    assert all(p.returncode == 0 for p in procs), outs[0][-2000:]
+    one = load_file(str(tmp_path / "one" / "full_token-mean.safetensors"))
+    two = load_file(str(tmp_path / "two" / "hybrid_token-mean.safetensors"))
+    for k in one:
+        assert torch.allclose(one[k], two[k], atol=1e-5, rtol=0), k
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for task in Path("/proc").glob("[0-9]*"):
