@@ -199,10 +199,12 @@ def _rank_of(pid: int) -> str | None:
     return next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"RANK=")), None)
 
 
-def test_killed_rank_ends_the_job(tmp_path):
-    """SIGKILL one rank mid-run: the job ends (no hang) with a line naming the failed rank."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stuck"])
+def test_dead_or_stuck_rank_ends_the_job(tmp_path, sig):
+    """SIGKILL one rank mid-run, or stop it (a hang): the job ends with a line naming the failed rank,
+    a stuck one within train.dist_timeout_s, and no process is left."""
     argv = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "seekrl", "train", TINY,
-            "log.progress=false", "data.eval=", "train.steps=10000", "train.dist_timeout_s=60", "log.name=kill"]
+            "log.progress=false", "data.eval=", "train.steps=10000", "train.dist_timeout_s=15", "log.name=kill"]
     p = subprocess.Popen(argv, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     try:
@@ -211,13 +213,28 @@ def test_killed_rank_ends_the_job(tmp_path):
         while not (log.exists() and log.read_text().count("\n") >= 2):
             assert p.poll() is None and time.monotonic() < deadline, "the run did not reach step 2"
             time.sleep(0.5)
-        victim = next(pid for pid in _children(p.pid) if _rank_of(pid) == "1")
-        os.kill(victim, signal.SIGKILL)
-        out, _ = p.communicate(timeout=90)
+        ranks = {_rank_of(pid): pid for pid in _children(p.pid)}
+        assert set(ranks) == {"0", "1"}, ranks
+        os.kill(ranks["1"], sig)
+        t0 = time.monotonic()
+        out, _ = p.communicate(timeout=120)
+        took = time.monotonic() - t0
     except BaseException:
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
         raise
     assert p.returncode != 0
-    assert "rank      : 1" in out and "SIGKILL" in out, out[-3000:]  # torchrun's failure summary names rank 1
-    assert not [pid for pid in _children(p.pid)]  # nothing left behind
+    if sig == signal.SIGKILL:
+        assert "rank      : 1" in out and "SIGKILL" in out, out[-3000:]  # torchrun's failure summary names rank 1
+    else:  # rank 0's collective times out: its one line, then torchrun stops the stuck rank
+        assert "seekrl: error: rank 0 of 2 failed:" in out, out[-3000:]
+        assert took < 15 + 60, took
+    assert not [pid for pid in ranks.values() if _alive(pid)]  # rank 0 stopped too: nothing left behind
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
