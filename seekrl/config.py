@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from seekrl.yaml_keys import DuplicateKeyError, UniqueKeyLoader
+
 
 class ConfigError(ValueError):
     """A bad config value. The message is one line naming the key and the fix."""
@@ -534,39 +536,6 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return parts[0], parts[1], value
 
 
-class DuplicateKeyError(yaml.YAMLError):
-    """A YAML mapping that holds one key twice (YAML forbids it; plain safe_load keeps the last)."""
-
-    def __init__(self, key: str, line: int, first: int):
-        super().__init__(f"duplicate key '{key}' at line {line} (first at line {first})")
-        self.key, self.line, self.first = key, line, first
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key given twice in one mapping; merge keys (<<) still override."""
-
-    def __init__(self, stream):
-        super().__init__(stream)
-        self._paths: dict = {}  # a nested mapping node -> the "section." prefix that names its keys
-
-    def construct_mapping(self, node, deep=False):
-        prefix = self._paths.get(node, "")
-        seen: dict = {}
-        for key_node, value_node in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
-            except TypeError:  # an unhashable key: SafeLoader reports it
-                continue
-            if first != key_node.start_mark.line + 1:
-                raise DuplicateKeyError(f"{prefix}{key}", key_node.start_mark.line + 1, first)
-            if isinstance(value_node, yaml.MappingNode):  # name nested keys section.key
-                self._paths[value_node] = f"{prefix}{key}."
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML file, apply `section.key=value` overrides, validate. Raises ConfigError."""
     cfg = Config()
@@ -575,7 +544,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not p.is_file():
             raise ConfigError(f"config file '{path}' not found; pass a YAML file such as examples/tiny_grpo.yaml")
         try:
-            raw = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}  # noqa: S506 (a SafeLoader)
+            raw = yaml.load(p.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}  # noqa: S506 (a SafeLoader)
         except UnicodeDecodeError as e:
             raise ConfigError(f"{path}: not valid UTF-8 (byte {e.start}); save the config as UTF-8") from None
         except DuplicateKeyError as e:

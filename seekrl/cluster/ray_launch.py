@@ -67,8 +67,10 @@ def require_ray():
 
 
 def run_dir_of(cfg: Config) -> Path:
-    """The run folder, as `seekrl train` names it (train/setup.py prepare_run_dir)."""
-    return Path(cfg.log.dir) / (cfg.log.name or "run")
+    """The run folder, as `seekrl train` names it."""
+    from seekrl.train.setup import prepare_run_dir
+
+    return prepare_run_dir(cfg, write=False)
 
 
 def write_initial_weights(cfg: Config, run_dir: str | os.PathLike) -> Path:

@@ -31,7 +31,7 @@ place when complete; then the pointer `ckpt_root/latest` (one line: the folder n
 pruned (`keep_last`; never the one the pointer names) and stale `.tmp` / `.old` folders removed.
 So a process killed at any moment leaves the previous checkpoint and a pointer to it.
 Checkpoints can still be damaged after the fact (a full disk, a crash of the machine before the
-page cache reached the disk, a partial copy): `verify_checkpoint` checks, before anything is
+page cache reached the disk, a partial copy): `verify_checkpoint` (checkpoint_verify.py) checks, before anything is
 loaded, that every file a load reads exists and parses (state.json is a JSON object with an
 integer "step"; every JSON file parses; every safetensors file's header is valid and the file
 is as long as the header says, which catches truncation; the tensors optimizer.json names are in
@@ -60,10 +60,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from seekrl.config import ConfigError
+from seekrl.train.checkpoint_verify import CheckpointError, verify_checkpoint  # noqa: F401 (public here)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 LATEST = "latest"  # ckpt_root/latest: the name of the newest complete checkpoint folder
@@ -318,148 +317,6 @@ def latest_checkpoint(ckpt_root: str | os.PathLike) -> Path | None:
         return root / name
     found = list_checkpoints(ckpt_root)
     return found[-1][1] if found else None
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be loaded: missing, incomplete, corrupt or of another kind of run.
-
-    A ConfigError because `train.resume` chose it: the CLI prints the one-line message and exits
-    2. `reason` is the problem without the folder ("state.json is not valid JSON (...)")."""
-
-    def __init__(self, message: str, reason: str = "") -> None:
-        super().__init__(message)
-        self.reason = reason or message
-
-
-def _json_file(folder: Path, rel: str) -> Any:
-    try:
-        return json.loads((folder / rel).read_text())
-    except FileNotFoundError:
-        raise CheckpointError("", f"{rel} is missing") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError("", f"{rel} is not valid JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-
-
-def _tensor_refs(obj: Any, out: set[str]) -> set[str]:
-    """The tensor keys a tree written by `_save_tree` refers to."""
-    if isinstance(obj, list):
-        for v in obj:
-            _tensor_refs(v, out)
-    elif isinstance(obj, dict):
-        if set(obj) == {_TENSOR}:
-            out.add(str(obj[_TENSOR]))
-        else:
-            for v in obj.values():
-                _tensor_refs(v, out)
-    return out
-
-
-def _check_tree(folder: Path, name: str, keys: dict[str, set[str]]) -> None:
-    refs = _tensor_refs(_json_file(folder, f"{name}.json"), set())
-    if not refs:
-        return
-    st = f"{name}.safetensors"
-    if st not in keys:
-        raise CheckpointError("", f"{st} is missing ({name}.json refers to {len(refs)} tensors)")
-    missing = sorted(refs - keys[st])
-    if missing:
-        raise CheckpointError("", f"{st} lacks {len(missing)} tensors that {name}.json names (e.g. {missing[0]})")
-
-
-def _verified_state(
-    folder: Path, *, model: torch.nn.Module | None, optimizer: bool, scheduler: bool, critic: bool,
-    critic_optimizer: bool, restore_rng: bool, kind: str | None, require_step: bool,
-) -> Any:
-    """The checkpoint's state (state.json) if `folder` is intact for this load; raises
-    CheckpointError with only `reason` set otherwise."""
-    if not folder.exists():
-        raise CheckpointError("", "does not exist")
-    if not folder.is_dir():
-        raise CheckpointError("", "is not a folder")
-    if not (folder / "state.json").is_file():
-        raise CheckpointError("", "has no state.json (an incomplete save)")
-    state = _json_file(folder, "state.json")
-    step = state.get("step") if isinstance(state, dict) else None
-    if require_step and (isinstance(step, bool) or not isinstance(step, int)):
-        raise CheckpointError("", "state.json has no integer 'step'")
-    saved_kind = str(state.get("kind", "rl")) if isinstance(state, dict) else "?"
-    if kind is not None and saved_kind != kind:
-        command = {"rl": "seekrl train", "sft": "seekrl sft"}
-        raise CheckpointError("", f"is a checkpoint of {command.get(saved_kind, saved_kind)}, not of {command.get(kind, kind)}; "
-                                  f"to start from its weights, set model.path={folder / 'model'}")
-    # every file that parses must parse: JSON anywhere in the folder, safetensors headers
-    keys: dict[str, set[str]] = {}
-    for f in sorted(folder.rglob("*")):
-        rel = f.relative_to(folder).as_posix()
-        if f.suffix == ".json" and rel != "state.json":
-            _json_file(folder, rel)
-        elif f.suffix == ".safetensors":
-            try:
-                with safe_open(str(f), "pt") as st:
-                    keys[rel] = set(st.keys())
-            except Exception as e:  # SafetensorError (a bare Exception subclass), OSError
-                raise CheckpointError("", f"{rel} is truncated or not safetensors ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    if model is not None:
-        if _is_peft(_unwrap(model)):
-            if "adapter/adapter_model.safetensors" not in keys:
-                raise CheckpointError("", "adapter/adapter_model.safetensors is missing (the model is a peft model)")
-        elif not any(k.startswith("model/") and k.count("/") == 1 for k in keys):
-            raise CheckpointError("", "model/ has no .safetensors weights")
-        index = folder / "model" / "model.safetensors.index.json"
-        if index.is_file():
-            index_json = _json_file(folder, "model/model.safetensors.index.json")
-            weight_map = index_json.get("weight_map") if isinstance(index_json, dict) else None
-            absent = sorted({f"model/{v}" for v in weight_map.values()} - set(keys)) if isinstance(weight_map, dict) else []
-            if absent:
-                raise CheckpointError("", f"{absent[0]} is missing (model.safetensors.index.json names it)")
-    for wanted, name in ((optimizer, "optimizer"), (scheduler, "scheduler"), (critic_optimizer, "critic_optimizer")):
-        if wanted and (folder / f"{name}_dcp").is_dir():
-            from seekrl.parallel.dcp import check_dcp
-
-            check_dcp(folder, name)
-        elif wanted:
-            if not (folder / f"{name}.json").is_file():
-                raise CheckpointError("", f"{name}.json is missing (it was saved without a {name.replace('_', ' ')})")
-            _check_tree(folder, name, keys)
-    if critic and "critic.safetensors" not in keys:
-        raise CheckpointError("", "critic.safetensors is missing (it was saved without a critic)")
-    if restore_rng:
-        if "torch_cpu" not in keys.get("rng.safetensors", set()):
-            raise CheckpointError("", "rng.safetensors is missing or has no torch_cpu state")
-        rng = _json_file(folder, "rng.json")
-        if not isinstance(rng, dict) or not {"python", "numpy"} <= set(rng):
-            raise CheckpointError("", "rng.json lacks the python or numpy state")
-    return state
-
-
-def verify_checkpoint(
-    path: str | os.PathLike,
-    *,
-    model: torch.nn.Module | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler: Any = None,
-    critic: torch.nn.Module | None = None,
-    critic_optimizer: torch.optim.Optimizer | None = None,
-    restore_rng: bool = True,
-    kind: str | None = None,
-    require_step: bool = False,
-) -> Any:
-    """Check, without loading anything, that `load_checkpoint(path, ...)` with the same arguments
-    finds every file it reads, intact (module docstring); return the state (state.json).
-
-    `kind` (e.g. "rl", "sft") must match state.json's "kind" (absent: "rl"); `require_step`:
-    the state must be an object with an integer "step" (what resuming needs). Raises
-    CheckpointError("checkpoint <path>: <reason>") otherwise.
-    """
-    folder = Path(path)
-    try:
-        return _verified_state(
-            folder, model=model, optimizer=optimizer is not None, scheduler=scheduler is not None,
-            critic=critic is not None, critic_optimizer=critic_optimizer is not None, restore_rng=restore_rng, kind=kind,
-            require_step=require_step,
-        )
-    except CheckpointError as e:
-        raise CheckpointError(f"checkpoint {folder}: {e.reason}", e.reason) from None
 
 
 def _warn(message: str) -> None:

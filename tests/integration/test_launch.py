@@ -40,6 +40,15 @@ def launch(tmp_path: Path, name: str, *overrides: str, marker: str, popen: bool 
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
 
+def wait_for_a_step(proc, run: Path, timeout_s: float = 180) -> None:
+    """Until the launched run logged a step (the launch still running), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not metrics(run):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"no step in {timeout_s:g} s"
+        time.sleep(0.2)
+
+
 def marked(marker: str) -> dict[int, str]:
     """pid -> command line of every live process whose environment holds the marker."""
     needle = f"SEEKRL_TEST_LAUNCH={marker}".encode()
@@ -191,11 +200,7 @@ def test_a_rank_that_dies_ends_the_launch_and_stops_the_server(tmp_path):
     run = tmp_path / "dies"
     proc = launch(tmp_path, "dies", "train.steps=500", "cluster.engine_servers=1", marker=marker, popen=True)
     try:
-        deadline = time.monotonic() + 180
-        while not metrics(run):
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "no step in 180 s"
-            time.sleep(0.2)
+        wait_for_a_step(proc, run)
         ranks = [pid for pid, cmd in marked(marker).items() if cmd.startswith("ray::TrainerRank")]
         server = json.loads((run / "engine" / "server_0" / "servers.json").read_text())[0]["pid"]
         assert len(ranks) == 1 and server in marked(marker)
@@ -218,11 +223,7 @@ def test_sigterm_to_the_launch_stops_the_job_with_one_line(tmp_path):
     run = tmp_path / "term"
     proc = launch(tmp_path, "term", "train.steps=500", marker=marker, popen=True)
     try:
-        deadline = time.monotonic() + 180
-        while not metrics(run):
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "no step in 180 s"
-            time.sleep(0.2)
+        wait_for_a_step(proc, run)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=90)
     finally:

@@ -122,7 +122,7 @@ def test_duplicate_yaml_keys_are_refused(tmp_path):
 def test_yaml_merge_keys_still_work():
     import yaml
 
-    from seekrl.config import _UniqueKeyLoader
+    from seekrl.yaml_keys import UniqueKeyLoader as _UniqueKeyLoader
 
     text = "a: &x {k: 1, j: 2}\nb:\n  <<: *x\n  k: 3\n"
     assert yaml.load(text, Loader=_UniqueKeyLoader) == yaml.safe_load(text) == {"a": {"k": 1, "j": 2}, "b": {"k": 3, "j": 2}}
