@@ -47,6 +47,8 @@ def engine_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompts-per-request", type=int, default=256, help="more prompts in one /generate is a 413")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--compile", default="auto", choices=("auto", "true", "false"),
+                   help="decode over a static KV cache (auto: compiled on CUDA only), compiled (true), or a growing cache (false)")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -108,6 +108,8 @@ class RolloutConfig:
     """Stop strings (kept in the output)."""
     engine_batch_size: int = 64
     """Most sequences the local engine samples in one batch."""
+    compile: str | bool = "auto"
+    """Local engine decode: false (growing KV cache, eager) | true (static KV cache, torch.compile per shape bucket; falls back to eager with a warning) | auto (static KV cache; on CUDA a shape is compiled once it served 256 steps; on CPU never compiled, where a 20-50 s compile per shape repays only after ~20k+ tokens)."""
     max_turns: int = 4
     """Tool turns per episode (with tools.format); then one last turn without tools."""
     max_obs_tokens: int = 512
@@ -262,6 +264,8 @@ class TrainConfig:
     """Token budget of one forward/backward micro-batch (padded tokens)."""
     share_prefix: bool = True
     """Run each distinct prompt once per micro-batch and its G completions on its KV cache (exact; off under gradient checkpointing)."""
+    packing: bool = True
+    """Pack a micro-batch's sequences end to end into rows (varlen, attention kept within each sequence by a 4-D mask) instead of padding them; exact; SDPA or eager attention (others pad)."""
     recompute_logprobs: str = "auto"
     """Old log-probs: auto (reuse the engine's when exact: local fp32 engine sharing weights) | always | never."""
     seed: int = 0

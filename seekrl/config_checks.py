@@ -335,6 +335,9 @@ def validate(cfg: Config) -> None:
     _choice("algo.kl_in", a.kl_in, ("loss", "reward"))
     _choice("train.schedule", t.schedule, ("constant", "cosine"))
     _choice("train.recompute_logprobs", t.recompute_logprobs, ("auto", "always", "never"))
+    if isinstance(r.compile, bool):  # YAML reads true / false as booleans
+        r.compile = "true" if r.compile else "false"
+    _choice("rollout.compile", r.compile, ("auto", "true", "false"))
     from seekrl.data.synthetic import STYLES
 
     _choice("demo.world_style", cfg.demo.world_style, STYLES)

@@ -32,8 +32,14 @@ so its samples do not depend on what else is in the batch.
 
 The running batch (prefill, KV-cache merge, one sampling step, compaction) and the row sampler
 live in engines/sampling.py; this module holds the queue, the controls and the weights.
+`compile="auto"|"true"` (rollout.compile; "auto" is the config's default) keeps the running
+batch's KV cache in pre-allocated buffers; "true" (and "auto" on CUDA) also `torch.compile`s its
+one-token decode, one graph per (rows, length) bucket (engines/static_decode.py; same tokens and
+log-probs as the growing-cache "false" path, the constructor's default). Weight updates copy
+into the parameters in place, so compiled graphs see them.
 
-Run the tests: `python -m pytest tests/integration/test_local_engine.py tests/integration/test_engine_control.py -q`.
+Run the tests: `python -m pytest tests/integration/test_local_engine.py tests/integration/test_engine_control.py
+tests/integration/test_compiled_decode.py -q`.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import torch
 
 from seekrl.engines.base import text_decoder
 from seekrl.engines.sampling import _Batch, _joined
+from seekrl.engines.static_decode import decode_graphs
 from seekrl.types import Completion, SamplingParams
 
 
@@ -99,6 +106,7 @@ class LocalEngine:
         seed: int = 0,
         version: int = 0,
         compact_fraction: float = 0.25,
+        compile: str | bool = "false",
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -110,6 +118,8 @@ class LocalEngine:
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
+        # None ("false"): DynamicCache decode; else the static KV cache and its compiled decode (static_decode.py)
+        self.decode_graphs = decode_graphs(model, compile, self.device)
         gen_config = getattr(model, "generation_config", None)
         self.eos_ids = _as_id_set(
             tokenizer.eos_token_id,

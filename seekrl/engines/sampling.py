@@ -1,12 +1,15 @@
 """The sampling thread's machinery behind LocalEngine (engines/local.py): the running batch.
 
-`_Batch` holds the rows being sampled, their KV cache (`transformers.DynamicCache`), attention
-mask (left padding is 0), next positions and the logits of their next token. Rows are added by a
-prefill (each distinct prompt once, its cache expanded to the rows that share it) and merged into
-the running cache by left-padding the shorter of the two (continuous batching); finished rows are
-dropped from the cache and the left columns no row attends to are cut off. `_RowSampler` draws
-one token per row (temperature / top-k / top-p per row, an inverse-CDF draw from the engine's
-generator or the row's own seeded one) and returns its log-prob under log_softmax(logits / T).
+`_Batch` holds the rows being sampled, their KV cache, next positions and the logits of their next
+token. The cache is a `DynamicKV` (a growing `transformers.DynamicCache` and its attention mask,
+left padding 0) or, with `LocalEngine(compile="true"|"auto")`, a `StaticKV` (pre-allocated buffers
+and a `torch.compile`d decode, engines/static_decode.py); both offer `merge` (rows of a prefill
+join: the shorter side is left-padded), `select` (finished rows leave; left columns no row
+attends to are cut off) and `forward` (one token per row). Rows are added by a prefill (each
+distinct prompt once, its cache expanded to the rows that share it; always eager, DynamicCache)
+and merged into the running cache (continuous batching). `_RowSampler` draws one token per row
+(temperature / top-k / top-p per row, an inverse-CDF draw from the engine's generator or the row's
+own seeded one) and returns its log-prob under log_softmax(logits / T).
 Everything here runs on LocalEngine's sampling thread; rows are answered through the engine's
 `_deliver` (thread-safe) as soon as they end.
 """
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from seekrl.engines.base import stop_window
+from seekrl.engines.static_decode import StaticKV
 from seekrl.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
@@ -44,8 +48,8 @@ class _Row:
 
 
 class _Batch:
-    """The sampling thread's running batch: rows in KV-cache order, their cache, attention mask
-    (left padding is 0), next positions and the logits of their next token.
+    """The sampling thread's running batch: rows in KV-cache order, their cache (`kv`: DynamicKV
+    or StaticKV), next positions and the logits of their next token.
 
     Rows are added by a prefill (each distinct prompt once, its cache expanded to the rows that
     share it) and merged into the running cache by left-padding the shorter of the two caches;
@@ -58,7 +62,8 @@ class _Batch:
         self.all_rows: list[_Row] = []
         self.params: list[SamplingParams] = []
         self.gens: dict[int, torch.Generator] = {}
-        self.cache = self.mask_bL = self.pos_b1 = self.logits_bV = self.tok_b = None
+        self.kv: DynamicKV | StaticKV | None = None
+        self.pos_b1 = self.logits_bV = self.tok_b = None
         self.sampler: _RowSampler | None = None
         self.done = 0  # finished rows still in the cache
         self.can_join = True  # left-padding merges need plain DynamicLayer caches (no sliding windows)
@@ -122,19 +127,17 @@ class _Batch:
         e.stats["max_rows"] = max(e.stats["max_rows"], self.active())
 
     def _merge(self, cache, mask_nL, pos_n1, logits_nV) -> None:
-        if self.cache is None:
-            self.cache, self.mask_bL, self.pos_b1, self.logits_bV = cache, mask_nL, pos_n1, logits_nV
-            from transformers.cache_utils import DynamicLayer
-
-            self.can_join = all(type(layer) is DynamicLayer for layer in cache.layers)
+        if self.kv is None:
+            graphs = self.e.decode_graphs
+            if graphs is not None and graphs.supports(cache):
+                self.kv = StaticKV(graphs, self.e.pad_id)
+            else:
+                self.kv = DynamicKV(self.e.model)
+                self.can_join = self.kv.can_cut = _plain_layers(cache)
+            self.kv.merge(cache, mask_nL)
+            self.pos_b1, self.logits_bV = pos_n1, logits_nV
             return
-        L = max(self.mask_bL.shape[1], mask_nL.shape[1])
-        pad = torch.nn.functional.pad
-        for old, new in zip(self.cache.layers, cache.layers):
-            old.keys = torch.cat([pad(old.keys, (0, 0, L - old.keys.shape[-2], 0)), pad(new.keys, (0, 0, L - new.keys.shape[-2], 0))])
-            old.values = torch.cat([pad(old.values, (0, 0, L - old.values.shape[-2], 0)),
-                                    pad(new.values, (0, 0, L - new.values.shape[-2], 0))])
-        self.mask_bL = torch.cat([pad(self.mask_bL, (L - self.mask_bL.shape[1], 0)), pad(mask_nL, (L - mask_nL.shape[1], 0))])
+        self.kv.merge(cache, mask_nL)
         self.pos_b1 = torch.cat([self.pos_b1, pos_n1])
         self.logits_bV = torch.cat([self.logits_bV, logits_nV])
 
@@ -183,29 +186,68 @@ class _Batch:
         self.rows = [self.rows[j] for j in keep]
         self.done = 0
         if not keep:
-            self.cache = self.mask_bL = self.pos_b1 = self.logits_bV = self.tok_b = None
+            self.kv = self.pos_b1 = self.logits_bV = self.tok_b = None
             return
         keep_t = torch.tensor(keep, dtype=torch.long, device=self.dev)
-        self.cache.batch_select_indices(keep_t)
-        self.mask_bL, self.pos_b1, self.tok_b = self.mask_bL[keep_t], self.pos_b1[keep_t], self.tok_b[keep_t]
-        self.logits_bV = self.logits_bV[keep_t]
-        first = int(self.mask_bL.any(dim=0).nonzero()[0])  # columns left of it are padding for every row
-        if first > 0 and self.can_join:
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-            self.mask_bL = self.mask_bL[:, first:]
+        self.kv.select(keep_t)
+        self.pos_b1, self.tok_b, self.logits_bV = self.pos_b1[keep_t], self.tok_b[keep_t], self.logits_bV[keep_t]
         self.sampler = _RowSampler(self.params, [r.i for r in self.rows], self.dev)
 
     def decode(self, version: int) -> None:
         """One forward pass of every row's last token: the logits of the next step."""
-        self.mask_bL = torch.cat([self.mask_bL, self.mask_bL.new_ones(len(self.rows), 1)], dim=1)
-        out = self.e.model(input_ids=self.tok_b[:, None], attention_mask=self.mask_bL, position_ids=self.pos_b1,
-                           past_key_values=self.cache, use_cache=True)
-        self.logits_bV = out.logits[:, -1, :]
+        self.logits_bV = self.kv.forward(self.tok_b, self.pos_b1)
         self.pos_b1 = self.pos_b1 + 1
         for row in self.rows:
             row.fwd = version
         self.e.stats["forward_steps"] += 1
+
+
+class DynamicKV:
+    """The running batch's KV cache as a growing `DynamicCache` and its attention mask (left
+    padding 0), decoded eagerly: LocalEngine(compile="false")'s path (StaticKV is the other)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = self.mask_bL = None
+        self.can_cut = True  # left columns can be cut (plain DynamicLayer caches, no sliding windows)
+
+    def merge(self, cache, mask_nL: torch.Tensor) -> None:
+        """Append a prefill's rows; the shorter of the two caches is left-padded to the other."""
+        if self.cache is None:
+            self.cache, self.mask_bL = cache, mask_nL
+            return
+        L = max(self.mask_bL.shape[1], mask_nL.shape[1])
+        pad = torch.nn.functional.pad
+        for old, new in zip(self.cache.layers, cache.layers):
+            old.keys = torch.cat([pad(old.keys, (0, 0, L - old.keys.shape[-2], 0)), pad(new.keys, (0, 0, L - new.keys.shape[-2], 0))])
+            old.values = torch.cat([pad(old.values, (0, 0, L - old.values.shape[-2], 0)),
+                                    pad(new.values, (0, 0, L - new.values.shape[-2], 0))])
+        self.mask_bL = torch.cat([pad(self.mask_bL, (L - self.mask_bL.shape[1], 0)), pad(mask_nL, (L - mask_nL.shape[1], 0))])
+
+    def select(self, keep_t: torch.Tensor) -> None:
+        """Keep the rows `keep_t` and cut the left columns none of them attends to."""
+        self.cache.batch_select_indices(keep_t)
+        self.mask_bL = self.mask_bL[keep_t]
+        first = int(self.mask_bL.any(dim=0).nonzero()[0])  # columns left of it are padding for every row
+        if first > 0 and self.can_cut:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            self.mask_bL = self.mask_bL[:, first:]
+
+    def forward(self, tok_b: torch.Tensor, pos_b1: torch.Tensor) -> torch.Tensor:
+        """One forward of every row's last token: the next logits (rows, V)."""
+        self.mask_bL = torch.cat([self.mask_bL, self.mask_bL.new_ones(len(tok_b), 1)], dim=1)
+        out = self.model(input_ids=tok_b[:, None], attention_mask=self.mask_bL, position_ids=pos_b1,
+                         past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1, :]
+
+
+def _plain_layers(cache) -> bool:
+    """Whether every layer of a prefill's cache is a plain DynamicLayer (left-padding merges and
+    left cuts need it: no sliding windows)."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def _joined(before: Completion | None, after: Completion) -> Completion:

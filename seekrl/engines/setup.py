@@ -6,7 +6,8 @@
 
 - `engine.kind=local`: a LocalEngine on the trainer's own model (shared weights: a weight sync
   only moves the version); with `rollout.mode=async` and `max_staleness > 0` on a copy of it,
-  which each weight sync overwrites (the engine samples while the trainer steps).
+  which each weight sync overwrites (the engine samples while the trainer steps). `rollout.compile`
+  picks its decode: DynamicCache, or a static KV cache with a torch.compile'd step (static_decode.py).
 - `engine.urls`: a RemoteEngine on servers that already run.
 - `engine.servers=N`: the policy's initial weights (and tokenizer) are written to
   `<run>/engine/weights/v0`, N servers are started on them on free loopback ports (seekrl's own
@@ -48,7 +49,7 @@ def make_engine(cfg: Config, model, tokenizer, run_dir: str | os.PathLike):
         if r.mode == "async" and r.max_staleness > 0:  # it samples while the trainer steps: a copy, synced at each publish
             # (with max_staleness 0 nothing is sampled during an update, so the weights stay shared)
             model = copy.deepcopy(model).requires_grad_(False)
-        return LocalEngine(model, tokenizer, max_batch_size=r.engine_batch_size, seed=cfg.train.seed)
+        return LocalEngine(model, tokenizer, max_batch_size=r.engine_batch_size, seed=cfg.train.seed, compile=r.compile)
     from seekrl.engines.adapters import get_api
     from seekrl.engines.launch import ServerGroup, free_port
     from seekrl.engines.remote import RemoteEngine

@@ -429,8 +429,10 @@ def serve_engine(
     max_prompts_per_request: int = 256,
     dtype: str = "float32",
     device: str = "auto",
+    compile: str = "false",
 ) -> None:
-    """Load `model_path`, wrap it in a LocalEngine and serve it with uvicorn until SIGINT / SIGTERM."""
+    """Load `model_path`, wrap it in a LocalEngine and serve it with uvicorn until SIGINT / SIGTERM.
+    `compile`: LocalEngine's decode (false | true | auto, as rollout.compile)."""
     check_port(port)
     if max_body_mb <= 0 or max_batch_size < 1 or max_prompts_per_request < 1:
         raise ValueError("--max-body-mb must be > 0, --max-batch-size and --max-prompts-per-request >= 1")
@@ -443,7 +445,8 @@ def serve_engine(
     from seekrl.models import load_model
 
     model, tokenizer = load_model(model_path, dtype=dtype, device=device, tiny_texts=[string.printable], seed=seed)
-    engine = LocalEngine(model.eval().requires_grad_(False), tokenizer, max_batch_size=max_batch_size, seed=seed)
+    engine = LocalEngine(model.eval().requires_grad_(False), tokenizer, max_batch_size=max_batch_size, seed=seed,
+                         compile=compile)
     app = make_app(engine, tokenizer, model_path=str(model_path), token=token, max_body_bytes=int(max_body_mb * 1e6),
                    max_prompts_per_request=max_prompts_per_request)
     import sys
@@ -458,6 +461,7 @@ def run_from_args(args: argparse.Namespace) -> None:
         args.model, host=args.host, port=args.port, token=args.token, token_env=args.token_env,
         max_batch_size=args.max_batch_size, seed=args.seed, max_body_mb=args.max_body_mb,
         max_prompts_per_request=args.max_prompts_per_request, dtype=args.dtype, device=args.device,
+        compile=getattr(args, "compile", "auto"),
     )
 
 
