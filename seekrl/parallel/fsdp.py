@@ -58,10 +58,12 @@ def shard_model(model: torch.nn.Module, ranks: Ranks, mixed_precision: str = "au
         # weights (embeddings, final norm, head) around that method too.
         from torch.distributed.fsdp import register_fsdp_forward_method
 
-        from seekrl.train.batching import _completion_logits
+        from seekrl.train.batching import _completion_logits, _completion_logprobs
 
         model.seekrl_completion_logits = types.MethodType(_completion_logits, model)
+        model.seekrl_completion_logprobs = types.MethodType(_completion_logprobs, model)
         register_fsdp_forward_method(model, "seekrl_completion_logits")
+        register_fsdp_forward_method(model, "seekrl_completion_logprobs")
     return model
 
 

@@ -53,17 +53,17 @@ def plan(trajs: list[Trajectory], idx: list[int], budget: int, share: bool) -> l
 
 
 def rank_micro_batches(trajs: list[Trajectory], idx: list[int], budget: int, pad_id: int, device, share: bool,
-                       ranks: Ranks) -> Iterator[MicroBatch]:
+                       ranks: Ranks, pack: bool = False) -> Iterator[MicroBatch]:
     """This rank's micro-batches of the rows `idx`, as many as every other rank's (padded with dummies)."""
     if not ranks.distributed:
         for rows in plan(trajs, idx, budget, share):
-            yield make_micro_batch(trajs, rows, pad_id, device, share_prefix=share)
+            yield make_micro_batch(trajs, rows, pad_id, device, share_prefix=share, pack=pack)
         return
     plans = [plan(trajs, part, budget, share) for part in shard_rows(trajs, idx, ranks.world)]
     mine = plans[ranks.rank]
     for rows in mine:
-        yield make_micro_batch(trajs, rows, pad_id, device, share_prefix=share, always_prefix=share)
+        yield make_micro_batch(trajs, rows, pad_id, device, share_prefix=share, always_prefix=share, pack=pack)
     for _ in range(max(len(p) for p in plans) - len(mine)):
-        mb = make_micro_batch(trajs, [idx[0]], pad_id, device, share_prefix=share, always_prefix=share)
+        mb = make_micro_batch(trajs, [idx[0]], pad_id, device, share_prefix=share, always_prefix=share, pack=pack)
         mb.dummy = True
         yield mb

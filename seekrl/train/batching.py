@@ -24,6 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
+from seekrl.algo.head_logprob import head_logprob_entropy
+from seekrl.algo.losses import entropy_from_logits
+from seekrl.train.packing import PackedFull, PackedPrefix, pack_full, pack_prefix, packed_hidden
 from seekrl.types import Trajectory
 
 
@@ -43,6 +46,7 @@ class MicroBatch:
     prompt_mask_UP: torch.Tensor | None = None
     row_prompt_B: torch.Tensor | None = None  # which distinct prompt each row continues
     prompt_len_B: torch.Tensor | None = None
+    packed: PackedFull | PackedPrefix | None = None  # varlen-packed layout (train/packing.py); replaces the above
     dummy: bool = False  # run only to keep the ranks' collectives in step (parallel/shards.py): loss × 0
 
     @property
@@ -114,10 +118,11 @@ def pad_completion(values: list[list[float]], width: int, dtype=torch.float32) -
 
 
 def make_micro_batch(trajs: list[Trajectory], index: list[int], pad_id: int, device, share_prefix: bool = False,
-                     always_prefix: bool = False) -> MicroBatch:
+                     always_prefix: bool = False, pack: bool = False) -> MicroBatch:
     """The padded tensors of rows `index`; with `share_prefix`, the shared-prefix layout when some
     rows share a prompt (`always_prefix`: even when none do, so that every micro-batch runs the
-    decoder twice, as FSDP ranks must all do the same passes: parallel/shards.py)."""
+    decoder twice, as FSDP ranks must all do the same passes: parallel/shards.py); with `pack`, the
+    decoder runs on the varlen-packed form of that layout (train/packing.py) instead."""
     rows = [trajs[i] for i in index]
     L = max(seq_len(t) for t in rows)
     C = max(1, max(len(t.completion_ids) for t in rows))
@@ -153,6 +158,10 @@ def make_micro_batch(trajs: list[Trajectory], index: list[int], pad_id: int, dev
                 row_prompt_B=torch.as_tensor(row_prompt).to(device),
                 prompt_len_B=torch.as_tensor([len(t.prompt_ids) for t in rows]).to(device),
             )
+    if pack:
+        prompts, comps = [t.prompt_ids for t in rows], [t.completion_ids for t in rows]
+        packed = pack_prefix(prompts, comps, pad_id) if prefix else pack_full(prompts, comps, pad_id)
+        prefix = {"packed": packed.to(device)}
     return MicroBatch(
         **prefix,
         index=index,
@@ -178,6 +187,8 @@ def completion_hidden(model, mb: MicroBatch) -> torch.Tensor:
     base = _unwrap(model)
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
     # peft wraps the inner modules in place, so calling the decoder still applies LoRA.
+    if mb.packed is not None:
+        return packed_hidden(decoder, mb.packed)
     if mb.prompt_ids_UP is not None:
         return _shared_prefix_hidden(decoder, mb)
     out = decoder(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, use_cache=False)
@@ -230,6 +241,37 @@ def _completion_logits(model, mb: MicroBatch, temperature: float) -> torch.Tenso
     logits_BCV = head(hidden_BCH).float()
     t = temperature if temperature > 0 else 1.0
     return logits_BCV / t if t != 1.0 else logits_BCV
+
+
+def completion_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: bool = False,
+                        where_BC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs `(B, C)` of the completion tokens (and their entropies, or None), float32, scored
+    at the positions `where_BC` (default: every completion token) and 0 elsewhere.
+
+    The LM head runs through `head_logprob_entropy` (algo/head_logprob.py): chunk by chunk, never
+    materialising the `(tokens, vocabulary)` float32 logits, and only at the positions asked for
+    (the update asks for the trained tokens: tool output costs no vocabulary projection). A head
+    that is not a plain `nn.Linear` (a LoRA-wrapped head) takes the plain path; both are equal to
+    float rounding (tests/unit/test_head_logprob.py)."""
+    scores = getattr(model, "seekrl_completion_logprobs", None)  # FSDP2: the same, registered as a forward method
+    if scores is not None:
+        return scores(mb, temperature, entropy=entropy, where_BC=where_BC)
+    return _completion_logprobs(model, mb, temperature, entropy=entropy, where_BC=where_BC)
+
+
+def _completion_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: bool = False,
+                         where_BC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    head = _unwrap(model).get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        logits_BCV = _completion_logits(model, mb, temperature)
+        return token_logprobs(logits_BCV, mb.target_ids_BC), entropy_from_logits(logits_BCV) if entropy else None
+    hidden_BCH = completion_hidden(model, mb)
+    where_BC = (mb.token_mask_BC if where_BC is None else where_BC) > 0
+    logp_N, ent_N = head_logprob_entropy(hidden_BCH[where_BC], head.weight, head.bias, mb.target_ids_BC[where_BC],
+                                         temperature, entropy=entropy)
+    zeros_BC = torch.zeros(where_BC.shape, dtype=torch.float32, device=hidden_BCH.device)
+    logp_BC = zeros_BC.masked_scatter(where_BC, logp_N)
+    return logp_BC, zeros_BC.masked_scatter(where_BC, ent_N) if ent_N is not None else None
 
 
 def token_logprobs(logits_BCV: torch.Tensor, target_ids_BC: torch.Tensor) -> torch.Tensor:

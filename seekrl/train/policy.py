@@ -27,13 +27,14 @@ from collections.abc import Iterator
 
 import torch
 
-from seekrl.algo.losses import aggregate, entropy_from_logits, kl_loss, policy_loss, value_loss
+from seekrl.algo.losses import aggregate, kl_loss, policy_loss, value_loss
 from seekrl.config import Config, ConfigError
 from seekrl.observe.stats import StatsTracker
 from seekrl.parallel.fsdp import grad_scale, sync_gradients
 from seekrl.parallel.ranks import Ranks
 from seekrl.parallel.shards import rank_micro_batches
-from seekrl.train.batching import MicroBatch, can_share_prefix, completion_logits, pad_completion, token_logprobs
+from seekrl.train.batching import MicroBatch, _unwrap, can_share_prefix, completion_logprobs, pad_completion
+from seekrl.train.packing import can_pack
 from seekrl.types import Trajectory
 
 
@@ -123,9 +124,20 @@ def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float):
     return f
 
 
+def _adamw_kernel(params) -> dict:
+    """The fused AdamW kernel (one pass over all parameters, torch >= 2.4 on CPU and CUDA) when every
+    parameter is a plain floating-point tensor on one such device; else torch's default. On CPU the
+    default is a Python loop over the parameters (no foreach): for SmolLM2-135M the fused kernel cut
+    the optimizer step from about 9% of an update (BENCHMARKS.md). FSDP's sharded DTensor
+    parameters keep the default."""
+    devices = {p.device.type for p in params}
+    plain = all(type(p) is torch.nn.Parameter and p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params)
+    return {"fused": True} if params and plain and len(devices) == 1 and devices <= {"cpu", "cuda"} else {}
+
+
 def make_optimizer(params, lr: float, weight_decay: float, total_steps: int, cfg: Config):
     params = [p for p in params if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8, **_adamw_kernel(params))
     t = cfg.train
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t.warmup_steps, total_steps, t.schedule, t.min_lr_ratio))
     return opt, sched
@@ -141,10 +153,11 @@ def minibatch_indices(n: int, epochs: int, minibatches: int, gen: torch.Generato
 
 
 def micro_batches(trajs: list[Trajectory], idx: list[int], cfg: Config, pad_id: int, device, share: bool,
-                  ranks: Ranks | None = None) -> Iterator[MicroBatch]:
+                  ranks: Ranks | None = None, pack: bool = False) -> Iterator[MicroBatch]:
     """The micro-batches of the trajectories `idx`, within `train.micro_batch_tokens`; with several
-    ranks, this rank's share of them (parallel/shards.py), padded with dummies to the others' count."""
-    yield from rank_micro_batches(trajs, idx, cfg.train.micro_batch_tokens, pad_id, device, share, ranks or Ranks())
+    ranks, this rank's share of them (parallel/shards.py), padded with dummies to the others' count;
+    `pack`: varlen-packed rows (train/packing.py) instead of padded ones."""
+    yield from rank_micro_batches(trajs, idx, cfg.train.micro_batch_tokens, pad_id, device, share, ranks or Ranks(), pack)
 
 
 def gather_rows(rows: dict[int, list[float]], n: int, ranks: Ranks) -> list[list[float]]:
@@ -182,6 +195,7 @@ class PolicyTrainer:
         )
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
         self.share_prefix = cfg.train.share_prefix and can_share_prefix(model)
+        self.pack = cfg.train.packing and can_pack(_unwrap(model))
         self.guard = NonFiniteGuard(cfg.train.max_nonfinite)  # the RL loop closes its steps (module docstring)
 
     # ---- scoring without gradient -------------------------------------------------------------
@@ -192,8 +206,8 @@ class PolicyTrainer:
         was_training = model.training
         model.eval()
         out: dict[int, list[float]] = {}
-        for mb in micro_batches(trajs, list(range(len(trajs))), self.cfg, self.pad_id, self.device, self.share_prefix, self.ranks):
-            logp_BC = token_logprobs(completion_logits(model, mb, self.cfg.rollout.temperature), mb.target_ids_BC)
+        for mb in micro_batches(trajs, list(range(len(trajs))), self.cfg, self.pad_id, self.device, self.share_prefix, self.ranks, self.pack):
+            logp_BC, _ = completion_logprobs(model, mb, self.cfg.rollout.temperature)
             if not mb.dummy:
                 for b, i in enumerate(mb.index):
                     out[i] = logp_BC[b, : len(trajs[i].completion_ids)].tolist()
@@ -236,7 +250,7 @@ class PolicyTrainer:
                 continue
             self.optimizer.zero_grad(set_to_none=True)
             finite = True
-            for mb in micro_batches(trajs, idx, self.cfg, self.pad_id, self.device, self.share_prefix, self.ranks):
+            for mb in micro_batches(trajs, idx, self.cfg, self.pad_id, self.device, self.share_prefix, self.ranks, self.pack):
                 finite = self._micro_step(mb, masks, adv, old_logp, ref_logp, kl_coef, n_tok, n_seq, stats, behav_logp,
                                           prox_alpha) and finite
                 if not finite and not self.ranks.distributed:
@@ -264,15 +278,14 @@ class PolicyTrainer:
         n_mb = float(mask_BC.sum())
         if mb.dummy or n_mb == 0:  # nothing to learn; with several ranks it still runs forward and backward
             if self.ranks.distributed:
-                (completion_logits(self.model, mb, self.cfg.rollout.temperature).sum() * 0.0).backward()
+                (completion_logprobs(self.model, mb, self.cfg.rollout.temperature)[0].sum() * 0.0).backward()
             return True
         # Each micro-batch carries its share of the minibatch loss (exact for every aggregation).
         if a.loss_agg == "token-mean":
             weight = n_mb / n_tok
         else:
             weight = float((mask_BC.sum(1) > 0).sum()) / max(1, n_seq)
-        logits_BCV = completion_logits(self.model, mb, self.cfg.rollout.temperature)
-        logp_BC = token_logprobs(logits_BCV, mb.target_ids_BC)
+        logp_BC, ent_BC = completion_logprobs(self.model, mb, self.cfg.rollout.temperature, entropy=True, where_BC=mask_BC)
         old_BC = pad_completion([old_logp[i] for i in rows], C).to(self.device)
         adv_BC = pad_completion([adv[i] for i in rows], C).to(self.device)
         behav_BC = None
@@ -300,8 +313,8 @@ class PolicyTrainer:
             loss = loss + kl_coef * kl
             parts["loss/kl"] = kl.item()
             stats.add_weighted(weight, **{"loss/kl": parts["loss/kl"]})
-        ent_logits = logits_BCV if a.entropy_coef > 0 else logits_BCV.detach()
-        ent_BC = entropy_from_logits(ent_logits)
+        if a.entropy_coef <= 0:
+            ent_BC = ent_BC.detach()
         stats.add_masked("entropy", ent_BC.detach(), mask_BC)
         if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * aggregate(ent_BC, mask_BC, self._agg(), **self._norm())

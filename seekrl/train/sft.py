@@ -61,7 +61,9 @@ from seekrl.data.loaders import read_rows
 from seekrl.models import encode_chat
 from seekrl.observe.loggers import RunLogger
 from seekrl.observe.progress import Progress
+from seekrl.algo.head_logprob import head_logprob_entropy
 from seekrl.train.batching import plan_micro_batches
+from seekrl.train.packing import attention_mask_for, can_pack, pack_sequences
 from seekrl.train.checkpoint import resume_checkpoint, save_checkpoint
 from seekrl.train.policy import NonFiniteGuard, make_optimizer, step_scheduler
 from seekrl.train.setup import load_policy, prepare_run_dir
@@ -234,31 +236,55 @@ def _decoder_and_head(model):
     return decoder, base.get_output_embeddings()
 
 
-def sft_loss_sums(model, examples: list[tuple[list[int], list[int]]], pad_id: int, device) -> tuple[torch.Tensor, int]:
-    """(summed cross-entropy over mask-1 tokens, their count) for one right-padded micro-batch.
+def sft_loss_sums(model, examples: list[tuple[list[int], list[int]]], pad_id: int, device,
+                  pack: bool = False) -> tuple[torch.Tensor, int]:
+    """(summed cross-entropy over mask-1 tokens, their count) for one micro-batch: right-padded,
+    or with `pack` varlen-packed (train/packing.py: sequences end to end, attention within each).
 
-    The LM head runs only at the positions that predict a mask-1 token.
+    The LM head runs only at the positions that predict a mask-1 token, chunked (a plain
+    `nn.Linear` head: algo/head_logprob.py), so the `(tokens, vocabulary)` logits never exist whole.
     """
-    L = max(len(ids) for ids, _ in examples)
-    input_BL = torch.full((len(examples), L), pad_id, dtype=torch.long)
-    attn_BL = torch.zeros((len(examples), L), dtype=torch.long)
-    label_BL = torch.zeros((len(examples), L), dtype=torch.bool)
-    for b, (ids, mask) in enumerate(examples):
-        input_BL[b, : len(ids)] = torch.tensor(ids)
-        attn_BL[b, : len(ids)] = 1
-        label_BL[b, : len(ids)] = torch.tensor(mask, dtype=torch.bool)
-    input_BL, attn_BL, label_BL = input_BL.to(device), attn_BL.to(device), label_BL.to(device)
     decoder, head = _decoder_and_head(model)
-    out = decoder(input_ids=input_BL, attention_mask=attn_BL, use_cache=False)
-    hidden_BLH = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    predicts_BL = label_BL[:, 1:]  # position t predicts token t+1 (token 0 is never a label)
-    hidden_NH = hidden_BLH[:, :-1][predicts_BL]
-    logits_NV = head(hidden_NH).float()
-    loss = torch.nn.functional.cross_entropy(logits_NV, input_BL[:, 1:][predicts_BL], reduction="sum")
-    return loss, int(predicts_BL.sum().item())
+    if pack:
+        packed = pack_sequences([ids for ids, _ in examples], pad_id)
+        where, targets = [], []
+        for b, (ids, mask) in enumerate(examples):  # position t predicts token t + 1 (token 0 is never a label)
+            for t in range(len(ids) - 1):
+                if mask[t + 1]:
+                    where.append(packed.start[b] + t)
+                    targets.append(ids[t + 1])
+        out = decoder(input_ids=packed.ids_RL.to(device), attention_mask=attention_mask_for(decoder, packed.mask_R1LL.to(device), _dtype(decoder)),
+                      position_ids=packed.pos_RL.to(device), use_cache=False)
+        hidden_NH = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[torch.as_tensor(where, dtype=torch.long, device=device)]
+        target_N = torch.as_tensor(targets, dtype=torch.long, device=device)
+    else:
+        L = max(len(ids) for ids, _ in examples)
+        input_BL = torch.full((len(examples), L), pad_id, dtype=torch.long)
+        attn_BL = torch.zeros((len(examples), L), dtype=torch.long)
+        label_BL = torch.zeros((len(examples), L), dtype=torch.bool)
+        for b, (ids, mask) in enumerate(examples):
+            input_BL[b, : len(ids)] = torch.tensor(ids)
+            attn_BL[b, : len(ids)] = 1
+            label_BL[b, : len(ids)] = torch.tensor(mask, dtype=torch.bool)
+        input_BL, attn_BL, label_BL = input_BL.to(device), attn_BL.to(device), label_BL.to(device)
+        out = decoder(input_ids=input_BL, attention_mask=attn_BL, use_cache=False)
+        hidden_BLH = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        predicts_BL = label_BL[:, 1:]
+        hidden_NH = hidden_BLH[:, :-1][predicts_BL]
+        target_N = input_BL[:, 1:][predicts_BL]
+    if isinstance(head, torch.nn.Linear):
+        logp_N, _ = head_logprob_entropy(hidden_NH, head.weight, head.bias, target_N, entropy=False)
+        loss = -logp_N.sum()
+    else:  # a wrapped head (LoRA on the head): the plain path
+        loss = torch.nn.functional.cross_entropy(head(hidden_NH).float(), target_N, reduction="sum")
+    return loss, int(target_N.numel())
 
 
-def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool) -> tuple[float, int, int]:
+def _dtype(module) -> torch.dtype:
+    return next(module.parameters()).dtype
+
+
+def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool, pack: bool = False) -> tuple[float, int, int]:
     """Loss per assistant token over `examples`, micro-batched by `budget` padded tokens.
 
     With `backward`, each micro-batch's sum / the total count is back-propagated, so the
@@ -267,7 +293,7 @@ def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool)
     n_label = sum(sum(m[1:]) for _, m in examples)
     total = 0.0
     for group in plan_micro_batches([len(ids) for ids, _ in examples], budget):
-        loss_sum, _ = sft_loss_sums(model, [examples[i] for i in group], pad_id, device)
+        loss_sum, _ = sft_loss_sums(model, [examples[i] for i in group], pad_id, device, pack)
         if backward:
             (loss_sum / n_label).backward()
         total += float(loss_sum.detach())
@@ -275,12 +301,12 @@ def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool)
 
 
 @torch.no_grad()
-def eval_loss(model, examples, budget: int, pad_id: int, device) -> float:
+def eval_loss(model, examples, budget: int, pad_id: int, device, pack: bool = False) -> float:
     """Mean cross-entropy per assistant token over `examples` (eval mode, no gradient)."""
     was_training = model.training
     model.eval()
     try:
-        return step_loss(model, examples, budget, pad_id, device, backward=False)[0]
+        return step_loss(model, examples, budget, pad_id, device, backward=False, pack=pack)[0]
     finally:
         model.train(was_training)
 
@@ -310,6 +336,7 @@ def sft(cfg: Config) -> Path:
     model, tokenizer = load_policy(cfg, tiny_texts)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id
+    pack = t.packing and can_pack(_decoder_and_head(model)[0])  # varlen rows instead of padding (train/packing.py)
     train_ex = _tokenize_all(tokenizer, train_convs, m.max_context, "data.train")
     eval_ex = _tokenize_all(tokenizer, eval_convs, m.max_context, "data.eval") if eval_convs else []
     batches = TaskIterator(list(range(len(train_ex))), cfg.rollout.batch_size, seed=t.seed, shuffle=d.shuffle)
@@ -327,11 +354,11 @@ def sft(cfg: Config) -> Path:
     model.train()
     try:
         if start == 0 and eval_ex:
-            logger.log({"eval/loss": eval_loss(model, eval_ex, t.micro_batch_tokens, pad_id, device)}, step=0)
+            logger.log({"eval/loss": eval_loss(model, eval_ex, t.micro_batch_tokens, pad_id, device, pack)}, step=0)
         for step in range(start + 1, stop_at + 1):
             t0 = time.perf_counter()
             examples = [train_ex[i] for i in batches.next_batch()]
-            loss, n_label, n_tok = step_loss(model, examples, t.micro_batch_tokens, pad_id, device, backward=True)
+            loss, n_label, n_tok = step_loss(model, examples, t.micro_batch_tokens, pad_id, device, backward=True, pack=pack)
             grad_norm = float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], t.max_grad_norm))
             lr = optimizer.param_groups[0]["lr"]
             if guard.finite({"loss": loss, "grad_norm": grad_norm}):
@@ -344,7 +371,7 @@ def sft(cfg: Config) -> Path:
                 "tokens/s": n_tok / dt, "time/step_s": dt, "epoch": batches.epoch, **guard.end_step(),
             }
             if eval_ex and (step == t.steps or (cfg.eval.every and step % cfg.eval.every == 0)):
-                metrics["eval/loss"] = eval_loss(model, eval_ex, t.micro_batch_tokens, pad_id, device)
+                metrics["eval/loss"] = eval_loss(model, eval_ex, t.micro_batch_tokens, pad_id, device, pack)
             logger.log(metrics, step=step)
             progress.update(step, metrics)
             guard.raise_if_stuck(step)  # train.max_nonfinite skipped steps in a row: stop, no checkpoint

@@ -224,3 +224,19 @@ def test_sft_on_text_rows_is_language_modeling(tmp_path):
     assert metrics[-1]["loss"] < 0.5 * metrics[1]["loss"], (metrics[1]["loss"], metrics[-1]["loss"])
     # every token of a row is trained, not just an assistant span: the label count is the row lengths
     assert metrics[-1]["tokens/assistant"] > 16 * 8
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_micro_batches_give_the_padded_loss_and_gradient(fresh_tiny_model, tiny_tokenizer, attn):
+    """Varlen packing in SFT (train.packing): the same loss and gradients as right padding."""
+    model, pad = fresh_tiny_model.train(), tiny_tokenizer.pad_token_id
+    model.config._attn_implementation = attn
+    examples = _examples(tiny_tokenizer)
+    assert len({len(i) for i, _ in examples}) > 3  # lengths differ: padding would waste tokens
+    losses = {}
+    padded = _grads(model, lambda: losses.__setitem__("padded", step_loss(model, examples, 10**6, pad, "cpu", backward=True)[0]))
+    packed = _grads(model, lambda: losses.__setitem__("packed", step_loss(model, examples, 10**6, pad, "cpu", backward=True,
+                                                                           pack=True)[0]))
+    assert losses["packed"] == pytest.approx(losses["padded"], abs=1e-5)
+    for n, g in padded.items():
+        torch.testing.assert_close(packed[n], g, rtol=0, atol=1e-5 * max(1.0, g.abs().max().item()), msg=n)

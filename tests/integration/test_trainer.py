@@ -155,3 +155,81 @@ def test_update_is_the_same_with_and_without_prefix_sharing(fresh_tiny_model, ti
     got = _grads(fresh_tiny_model, trajs, _cfg(f"train.share_prefix={str(share).lower()}", "train.micro_batch_tokens=40", "train.max_grad_norm=1e9"), adv)
     for name in ref:
         torch.testing.assert_close(ref[name], got[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_chunked_head_logprobs_equal_the_full_logits(fresh_tiny_model, tiny_tokenizer, share):
+    """completion_logprobs (chunked LM head, only at the asked positions) gives the log-probs,
+    entropies and model gradients of the full-logits path, in both layouts."""
+    import copy
+
+    from seekrl.algo.losses import entropy_from_logits
+    from seekrl.train.batching import completion_logits, completion_logprobs, make_micro_batch, token_logprobs
+
+    trajs = _random_trajs(len(tiny_tokenizer), n=9, seed=5)
+    for i, t in enumerate(trajs):
+        t.prompt_ids = trajs[i % 3].prompt_ids
+    mb = make_micro_batch(trajs, list(range(len(trajs))), 0, "cpu", share_prefix=share)
+    where = mb.loss_mask_BC
+
+    def reference(model):
+        logits = completion_logits(model, mb, 0.9)
+        return token_logprobs(logits, mb.target_ids_BC) * where, entropy_from_logits(logits) * where
+
+    def chunked(model):
+        return completion_logprobs(model, mb, 0.9, entropy=True, where_BC=where)
+
+    out = {}
+    for name, fn in (("ref", reference), ("chunked", chunked)):
+        model = copy.deepcopy(fresh_tiny_model)
+        logp, ent = fn(model)
+        (logp.sum() - 0.3 * ent.sum()).backward()
+        out[name] = logp.detach(), ent.detach(), {n: p.grad for n, p in model.named_parameters()}
+    torch.testing.assert_close(out["chunked"][0], out["ref"][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out["chunked"][1], out["ref"][1], rtol=0, atol=1e-5)
+    assert (out["chunked"][0][where == 0] == 0).all()  # not scored where not asked
+    for n, g in out["ref"][2].items():
+        torch.testing.assert_close(out["chunked"][2][n], g, rtol=0, atol=1e-5 * max(1.0, g.abs().max().item()), msg=n)
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_layout_equals_the_padded_one(fresh_tiny_model, tiny_tokenizer, share, attn):
+    """Varlen packing (train/packing.py): the same log-probs and model gradients as padding, with
+    and without shared prefixes, under SDPA and eager attention; and fewer decoder tokens."""
+    import copy
+
+    from seekrl.train.batching import completion_logprobs, make_micro_batch
+    from seekrl.train.packing import PackedFull, PackedPrefix
+
+    trajs = _random_trajs(len(tiny_tokenizer), n=12, seed=7)
+    for i, t in enumerate(trajs):  # four prompts, three samples each, completions of very different lengths
+        t.prompt_ids = trajs[i % 4].prompt_ids
+    trajs[5].completion_ids, trajs[5].loss_mask, trajs[5].logprobs = trajs[5].completion_ids[:1], [1], [0.0]
+    idx = list(range(len(trajs)))
+    model0 = copy.deepcopy(fresh_tiny_model)
+    model0.config._attn_implementation = attn
+    out = {}
+    for pack in (False, True):
+        mb = make_micro_batch(trajs, idx, 0, "cpu", share_prefix=share, pack=pack)
+        if pack:
+            assert isinstance(mb.packed, PackedPrefix if share else PackedFull)
+            ids = mb.packed.seqs.ids_RL if not share else mb.packed.completions.ids_RL
+            assert ids.numel() < (mb.input_ids_BL if not share else mb.target_ids_BC).numel()
+        model = copy.deepcopy(model0)
+        logp, ent = completion_logprobs(model, mb, 0.9, entropy=True)
+        ((logp * mb.loss_mask_BC).sum() + 0.1 * (ent * mb.loss_mask_BC).sum()).backward()
+        out[pack] = (logp * mb.token_mask_BC).detach(), {n: p.grad for n, p in model.named_parameters()}
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=0, atol=1e-5)
+    for n, g in out[False][1].items():
+        torch.testing.assert_close(out[True][1][n], g, rtol=0, atol=1e-5 * max(1.0, g.abs().max().item()), msg=n)
+
+
+def test_first_fit_packing_respects_capacity():
+    from seekrl.train.packing import pack_first_fit
+
+    lengths = [7, 3, 5, 2, 2, 9, 1, 4]
+    rows = pack_first_fit(lengths, 9)
+    assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in r) <= 9 for r in rows)
+    assert len(rows) == 5 - 1  # 33 tokens in rows of 9: 4 rows, no more
