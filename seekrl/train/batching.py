@@ -26,7 +26,7 @@ import torch
 
 from seekrl.algo.head_logprob import head_logprob_entropy
 from seekrl.algo.losses import entropy_from_logits
-from seekrl.train.packing import PackedFull, PackedPrefix, pack_full, pack_prefix, packed_hidden
+from seekrl.train.packing import PackedFull, PackedPrefix, pack_full, pack_prefix, packed_hidden, saves_rows
 from seekrl.types import Trajectory
 
 
@@ -158,7 +158,8 @@ def make_micro_batch(trajs: list[Trajectory], index: list[int], pad_id: int, dev
                 row_prompt_B=torch.as_tensor(row_prompt).to(device),
                 prompt_len_B=torch.as_tensor([len(t.prompt_ids) for t in rows]).to(device),
             )
-    if pack:
+    lengths = [len(t.completion_ids) for t in rows] if prefix else [seq_len(t) for t in rows]
+    if pack and saves_rows(lengths):
         prompts, comps = [t.prompt_ids for t in rows], [t.completion_ids for t in rows]
         packed = pack_prefix(prompts, comps, pad_id) if prefix else pack_full(prompts, comps, pad_id)
         prefix = {"packed": packed.to(device)}

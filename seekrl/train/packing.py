@@ -8,6 +8,9 @@ attention costs no more than one padded row's), position ids restart at each seq
 4-D mask confines attention to each sequence (causal within it). The hidden state predicting
 completion token c of sequence b is then gathered from its packed position, into the same
 completion layout `(B, C, H)` as the padded path: everything after the decoder is unchanged.
+A micro-batch is packed only when that saves rows (`saves_rows`: at least 10% fewer); sequences of
+about one length (SFT text rows, say) keep the padded layout, which computes the same tokens
+without building block masks.
 
 Shared prefixes, packed. The distinct prompts are packed the same way and run once; their keys
 and values (after rotary embedding, as the cache stores them) are flattened to one sequence of
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["pack_first_fit", "pack_sequences", "Packed", "PackedFull", "PackedPrefix", "pack_full", "pack_prefix", "packed_hidden",
+__all__ = ["pack_first_fit", "saves_rows", "pack_sequences", "Packed", "PackedFull", "PackedPrefix", "pack_full", "pack_prefix", "packed_hidden",
            "attention_mask_for", "can_pack"]
 
 MASK_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -58,6 +61,15 @@ def pack_first_fit(lengths: list[int], capacity: int) -> list[list[int]]:
             rows.append([i])
             room.append(capacity - lengths[i])
     return rows
+
+
+def saves_rows(lengths: list[int], min_saving: float = 0.1) -> bool:
+    """Whether packing these sequences (rows as long as the longest) needs at least `min_saving`
+    fewer rows than padding them does. When it does not (sequences of about one length), the
+    padded layout computes the same tokens without building block masks, so it is kept."""
+    if len(lengths) < 2:
+        return False
+    return len(pack_first_fit(lengths, max(lengths))) <= (1.0 - min_saving) * len(lengths)
 
 
 @dataclass

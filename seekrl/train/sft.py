@@ -63,7 +63,7 @@ from seekrl.observe.loggers import RunLogger
 from seekrl.observe.progress import Progress
 from seekrl.algo.head_logprob import head_logprob_entropy
 from seekrl.train.batching import plan_micro_batches
-from seekrl.train.packing import attention_mask_for, can_pack, pack_sequences
+from seekrl.train.packing import attention_mask_for, can_pack, pack_sequences, saves_rows
 from seekrl.train.checkpoint import resume_checkpoint, save_checkpoint
 from seekrl.train.policy import NonFiniteGuard, make_optimizer, step_scheduler
 from seekrl.train.setup import load_policy, prepare_run_dir
@@ -245,7 +245,7 @@ def sft_loss_sums(model, examples: list[tuple[list[int], list[int]]], pad_id: in
     `nn.Linear` head: algo/head_logprob.py), so the `(tokens, vocabulary)` logits never exist whole.
     """
     decoder, head = _decoder_and_head(model)
-    if pack:
+    if pack and saves_rows([len(ids) for ids, _ in examples]):
         packed = pack_sequences([ids for ids, _ in examples], pad_id)
         where, targets = [], []
         for b, (ids, mask) in enumerate(examples):  # position t predicts token t + 1 (token 0 is never a label)

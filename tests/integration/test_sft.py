@@ -233,6 +233,9 @@ def test_packed_micro_batches_give_the_padded_loss_and_gradient(fresh_tiny_model
     model.config._attn_implementation = attn
     examples = _examples(tiny_tokenizer)
     assert len({len(i) for i, _ in examples}) > 3  # lengths differ: padding would waste tokens
+    from seekrl.train.packing import saves_rows
+
+    assert saves_rows([len(i) for i, _ in examples])  # so the packed layout is the one measured
     losses = {}
     padded = _grads(model, lambda: losses.__setitem__("padded", step_loss(model, examples, 10**6, pad, "cpu", backward=True)[0]))
     packed = _grads(model, lambda: losses.__setitem__("packed", step_loss(model, examples, 10**6, pad, "cpu", backward=True,

@@ -206,6 +206,10 @@ def test_packed_layout_equals_the_padded_one(fresh_tiny_model, tiny_tokenizer, s
     for i, t in enumerate(trajs):  # four prompts, three samples each, completions of very different lengths
         t.prompt_ids = trajs[i % 4].prompt_ids
     trajs[5].completion_ids, trajs[5].loss_mask, trajs[5].logprobs = trajs[5].completion_ids[:1], [1], [0.0]
+    for t in trajs[6:]:  # short ones, so that sequences fit together and packing saves rows
+        t.completion_ids, t.loss_mask, t.logprobs = t.completion_ids[:2], t.loss_mask[:2], t.logprobs[:2]
+        if not share:
+            t.prompt_ids = t.prompt_ids[:3]
     idx = list(range(len(trajs)))
     model0 = copy.deepcopy(fresh_tiny_model)
     model0.config._attn_implementation = attn
@@ -233,3 +237,6 @@ def test_first_fit_packing_respects_capacity():
     assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in r) <= 9 for r in rows)
     assert len(rows) == 5 - 1  # 33 tokens in rows of 9: 4 rows, no more
+    from seekrl.train.packing import saves_rows
+
+    assert saves_rows(lengths) and not saves_rows([9, 9, 8, 9]) and not saves_rows([5])
