@@ -265,7 +265,7 @@ class TrainConfig:
     share_prefix: bool = True
     """Run each distinct prompt once per micro-batch and its G completions on its KV cache (exact; off under gradient checkpointing)."""
     packing: bool = True
-    """Pack a micro-batch's sequences end to end into rows (varlen, attention kept within each sequence by a 4-D mask) instead of padding them; exact; SDPA or eager attention (others pad)."""
+    """Pack a micro-batch's sequences end to end into rows (varlen, attention kept within each sequence by a 4-D mask) instead of padding them, when that saves >= 10% of the rows; exact; SDPA or eager attention (others pad)."""
     recompute_logprobs: str = "auto"
     """Old log-probs: auto (reuse the engine's when exact: local fp32 engine sharing weights) | always | never."""
     seed: int = 0

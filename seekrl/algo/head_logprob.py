@@ -7,7 +7,8 @@
 
 as the plain `head(hidden).float() / T` → gather / logsumexp → entropy would, but it projects
 `chunk` rows at a time and keeps only `hidden` and one float per row (the logsumexp) for the
-backward, which recomputes each chunk's logits. The float32 `(N, V)` logits, their softmax and
+backward, which recomputes each chunk's logits (unless all of them fit in `KEEP_BYTES`: then the
+forward keeps them and the backward spends no second matmul; a small vocabulary's case). The float32 `(N, V)` logits, their softmax and
 their gradient are never materialised whole: with SmolLM2's 49,152-token vocabulary, 4,096
 completion tokens would need 805 MB per such tensor; a chunk needs `chunk × V × 4` bytes.
 
@@ -24,9 +25,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["head_logprob_entropy", "auto_chunk"]
+__all__ = ["head_logprob_entropy", "auto_chunk", "worth_chunking"]
 
 CHUNK_BYTES = 32 * 2**20  # float32 logits of one chunk: rows × vocabulary × 4 bytes
+KEEP_BYTES = 128 * 2**20  # all the logits up to this size are kept for the backward instead of recomputed
+
+
+def worth_chunking(n: int, vocab: int) -> bool:
+    """Whether `n` rows of logits over `vocab` are too big to hold whole (more than KEEP_BYTES):
+    below that, the plain `head(h).float()` + log-softmax path is as lean and a little faster."""
+    return n * vocab * 4 > KEEP_BYTES
 
 
 def auto_chunk(vocab: int) -> int:
@@ -47,8 +55,12 @@ class _HeadLogprobEntropy(torch.autograd.Function):
         ent = hidden_NH.new_empty(N, dtype=torch.float32) if entropy else None
         lse = hidden_NH.new_empty(N, dtype=torch.float32)
         masked = bool(torch.isinf(bias_V).any())  # -inf logits: p = 0 there, and p * z must be 0, not nan
+        keep = any(ctx.needs_input_grad[:3]) and not masked and N * weight_VH.shape[0] * 4 <= KEEP_BYTES
+        ctx.kept = [] if keep else None
         for s in range(0, N, chunk):
             z = _chunk_logits(hidden_NH[s : s + chunk], weight_VH, bias_V, inv_t)
+            if keep:  # small enough: the backward reuses them (and overwrites them) instead of a matmul
+                ctx.kept.append(z)
             lse_n = torch.logsumexp(z, dim=-1)
             lse[s : s + chunk] = lse_n
             logp[s : s + chunk] = z.gather(-1, targets_N[s : s + chunk, None]).squeeze(-1) - lse_n
@@ -74,9 +86,10 @@ class _HeadLogprobEntropy(torch.autograd.Function):
         g_h = torch.zeros_like(hidden_NH) if need_h else None
         g_w = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if need_w else None
         g_b = torch.zeros(bias_V.shape, dtype=torch.float32, device=bias_V.device) if need_b else None
-        for s in range(0, hidden_NH.shape[0], ctx.chunk):
+        kept, ctx.kept = ctx.kept, None  # overwritten below: a second backward (retain_graph) recomputes
+        for i, s in enumerate(range(0, hidden_NH.shape[0], ctx.chunk)):
             h = hidden_NH[s : s + ctx.chunk]
-            z = _chunk_logits(h, weight_VH, bias_V, ctx.inv_t)
+            z = kept[i] if kept else _chunk_logits(h, weight_VH, bias_V, ctx.inv_t)
             p = torch.exp(z - lse[s : s + ctx.chunk, None])
             # dz = -p * (g_logp + g_ent * (z - E_p[z])), plus g_logp at the target: in place on z
             if g_ent is not None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from seekrl.algo.head_logprob import head_logprob_entropy
+from seekrl.algo.head_logprob import head_logprob_entropy, worth_chunking
 from seekrl.algo.losses import entropy_from_logits
 from seekrl.train.packing import PackedFull, PackedPrefix, pack_full, pack_prefix, packed_hidden, saves_rows
 from seekrl.types import Trajectory
@@ -249,11 +249,11 @@ def completion_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: b
     """Log-probs `(B, C)` of the completion tokens (and their entropies, or None), float32, scored
     at the positions `where_BC` (default: every completion token) and 0 elsewhere.
 
-    The LM head runs through `head_logprob_entropy` (algo/head_logprob.py): chunk by chunk, never
-    materialising the `(tokens, vocabulary)` float32 logits, and only at the positions asked for
-    (the update asks for the trained tokens: tool output costs no vocabulary projection). A head
-    that is not a plain `nn.Linear` (a LoRA-wrapped head) takes the plain path; both are equal to
-    float rounding (tests/unit/test_head_logprob.py)."""
+    The LM head runs only at the positions asked for (the update asks for the trained tokens: tool
+    output costs no vocabulary projection); when their float32 logits would exceed
+    `head_logprob.KEEP_BYTES` it runs through `head_logprob_entropy` (algo/head_logprob.py), chunk
+    by chunk, never materialising them whole. A head that is not a plain `nn.Linear` (a
+    LoRA-wrapped head) takes the plain path; both are equal to float rounding."""
     scores = getattr(model, "seekrl_completion_logprobs", None)  # FSDP2: the same, registered as a forward method
     if scores is not None:
         return scores(mb, temperature, entropy=entropy, where_BC=where_BC)
@@ -263,13 +263,18 @@ def completion_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: b
 def _completion_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: bool = False,
                          where_BC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     head = _unwrap(model).get_output_embeddings()
-    if not isinstance(head, torch.nn.Linear):
-        logits_BCV = _completion_logits(model, mb, temperature)
-        return token_logprobs(logits_BCV, mb.target_ids_BC), entropy_from_logits(logits_BCV) if entropy else None
     hidden_BCH = completion_hidden(model, mb)
     where_BC = (mb.token_mask_BC if where_BC is None else where_BC) > 0
-    logp_N, ent_N = head_logprob_entropy(hidden_BCH[where_BC], head.weight, head.bias, mb.target_ids_BC[where_BC],
-                                         temperature, entropy=entropy)
+    hidden_NH, target_N = hidden_BCH[where_BC], mb.target_ids_BC[where_BC]
+    vocab = head.weight.shape[0] if hasattr(head, "weight") else 0
+    if isinstance(head, torch.nn.Linear) and worth_chunking(len(target_N), vocab):
+        logp_N, ent_N = head_logprob_entropy(hidden_NH, head.weight, head.bias, target_N, temperature, entropy=entropy)
+    else:  # small logits (or a wrapped head): whole, as plain autograd computes them
+        t = temperature if temperature > 0 else 1.0
+        z_NV = head(hidden_NH).float()
+        z_NV = z_NV / t if t != 1.0 else z_NV
+        logp_N = token_logprobs(z_NV, target_N)
+        ent_N = entropy_from_logits(z_NV) if entropy else None
     zeros_BC = torch.zeros(where_BC.shape, dtype=torch.float32, device=hidden_BCH.device)
     logp_BC = zeros_BC.masked_scatter(where_BC, logp_N)
     return logp_BC, zeros_BC.masked_scatter(where_BC, ent_N) if ent_N is not None else None

@@ -124,20 +124,9 @@ def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float):
     return f
 
 
-def _adamw_kernel(params) -> dict:
-    """The fused AdamW kernel (one pass over all parameters, torch >= 2.4 on CPU and CUDA) when every
-    parameter is a plain floating-point tensor on one such device; else torch's default. On CPU the
-    default is a Python loop over the parameters (no foreach): for SmolLM2-135M the fused kernel cut
-    the optimizer step from about 9% of an update (BENCHMARKS.md). FSDP's sharded DTensor
-    parameters keep the default."""
-    devices = {p.device.type for p in params}
-    plain = all(type(p) is torch.nn.Parameter and p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params)
-    return {"fused": True} if params and plain and len(devices) == 1 and devices <= {"cpu", "cuda"} else {}
-
-
 def make_optimizer(params, lr: float, weight_decay: float, total_steps: int, cfg: Config):
     params = [p for p in params if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8, **_adamw_kernel(params))
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8)
     t = cfg.train
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t.warmup_steps, total_steps, t.schedule, t.min_lr_ratio))
     return opt, sched

@@ -61,7 +61,7 @@ from seekrl.data.loaders import read_rows
 from seekrl.models import encode_chat
 from seekrl.observe.loggers import RunLogger
 from seekrl.observe.progress import Progress
-from seekrl.algo.head_logprob import head_logprob_entropy
+from seekrl.algo.head_logprob import head_logprob_entropy, worth_chunking
 from seekrl.train.batching import plan_micro_batches
 from seekrl.train.packing import attention_mask_for, can_pack, pack_sequences, saves_rows
 from seekrl.train.checkpoint import resume_checkpoint, save_checkpoint
@@ -272,10 +272,10 @@ def sft_loss_sums(model, examples: list[tuple[list[int], list[int]]], pad_id: in
         predicts_BL = label_BL[:, 1:]
         hidden_NH = hidden_BLH[:, :-1][predicts_BL]
         target_N = input_BL[:, 1:][predicts_BL]
-    if isinstance(head, torch.nn.Linear):
+    if isinstance(head, torch.nn.Linear) and worth_chunking(len(target_N), head.weight.shape[0]):
         logp_N, _ = head_logprob_entropy(hidden_NH, head.weight, head.bias, target_N, entropy=False)
         loss = -logp_N.sum()
-    else:  # a wrapped head (LoRA on the head): the plain path
+    else:  # small logits, or a wrapped head (LoRA on the head): the plain path
         loss = torch.nn.functional.cross_entropy(head(hidden_NH).float(), target_N, reduction="sum")
     return loss, int(target_N.numel())
 

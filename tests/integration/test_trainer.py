@@ -158,10 +158,14 @@ def test_update_is_the_same_with_and_without_prefix_sharing(fresh_tiny_model, ti
 
 
 @pytest.mark.parametrize("share", [False, True])
-def test_chunked_head_logprobs_equal_the_full_logits(fresh_tiny_model, tiny_tokenizer, share):
+def test_chunked_head_logprobs_equal_the_full_logits(fresh_tiny_model, tiny_tokenizer, share, monkeypatch):
     """completion_logprobs (chunked LM head, only at the asked positions) gives the log-probs,
     entropies and model gradients of the full-logits path, in both layouts."""
     import copy
+
+    import seekrl.algo.head_logprob as hl
+
+    monkeypatch.setattr(hl, "KEEP_BYTES", 0)  # chunk even these small logits (and recompute them)
 
     from seekrl.algo.losses import entropy_from_logits
     from seekrl.train.batching import completion_logits, completion_logprobs, make_micro_batch, token_logprobs

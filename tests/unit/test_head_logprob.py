@@ -88,3 +88,25 @@ def test_bfloat16_head_matches_the_plain_bf16_path():
 def test_auto_chunk_bounds_the_logits_of_a_chunk():
     assert auto_chunk(49152) * 49152 * 4 <= 32 * 2**20
     assert auto_chunk(10**9) == 16
+
+
+def test_kept_and_recomputed_logits_give_the_same_gradients(monkeypatch):
+    """Small inputs keep their logits for the backward; large ones recompute them: the same result,
+    and a second backward (retain_graph) recomputes after the kept logits were used up."""
+    import seekrl.algo.head_logprob as hl
+
+    h, w, b, targets = _inputs()
+    out = {}
+    for name, keep_bytes in (("kept", 2**30), ("recomputed", 0)):
+        monkeypatch.setattr(hl, "KEEP_BYTES", keep_bytes)
+        h.grad = w.grad = b.grad = None
+        logp, ent = hl.head_logprob_entropy(h, w, b, targets, 0.8, chunk=8)
+        loss = logp.sum() + 0.5 * ent.sum()
+        loss.backward(retain_graph=True)
+        first = [x.grad.clone() for x in (h, w, b)]
+        loss.backward()
+        out[name] = first, [x.grad.clone() for x in (h, w, b)]
+    for a, c in zip(out["kept"][0] + out["kept"][1], out["recomputed"][0] + out["recomputed"][1]):
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-6)
+    for a, c in zip(out["kept"][0], out["kept"][1]):  # the second backward adds the same gradient again
+        torch.testing.assert_close(2 * a, c, rtol=0, atol=1e-5)
