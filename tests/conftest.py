@@ -63,13 +63,13 @@ def sharp_tiny(tiny_tokenizer):
 
     from seekrl.models import make_tiny_model
 
-    def make(seed: int):
+    def make(seed: int, std: float = 0.25):
         model = make_tiny_model(tiny_tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=seed)
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for p in model.parameters():
                 if p.dim() == 2:
-                    p.normal_(0.0, 0.25, generator=gen)
+                    p.normal_(0.0, std, generator=gen)
         return model.eval()
 
     return make

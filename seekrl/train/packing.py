@@ -82,6 +82,9 @@ class Packed:
     mask_R1LL: torch.Tensor
     start: list[int]
 
+    def to(self, device) -> Packed:
+        return Packed(self.ids_RL.to(device), self.pos_RL.to(device), self.mask_R1LL.to(device), self.start)
+
 
 def pack_sequences(seqs: list[list[int]], pad_id: int) -> Packed:
     capacity = max(1, max(len(s) for s in seqs))
@@ -115,9 +118,7 @@ class PackedFull:
     gather_BC: torch.Tensor  # flat packed position predicting completion token c of row b
 
     def to(self, device) -> PackedFull:
-        s = self.seqs
-        return PackedFull(Packed(s.ids_RL.to(device), s.pos_RL.to(device), s.mask_R1LL.to(device), s.start),
-                          self.gather_BC.to(device))
+        return PackedFull(self.seqs.to(device), self.gather_BC.to(device))
 
 
 def pack_full(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedFull:
@@ -141,10 +142,7 @@ class PackedPrefix:
     gather_BC: torch.Tensor  # into cat(prompt hidden flat, completion hidden flat)
 
     def to(self, device) -> PackedPrefix:
-        def mv(p: Packed) -> Packed:
-            return Packed(p.ids_RL.to(device), p.pos_RL.to(device), p.mask_R1LL.to(device), p.start)
-
-        return PackedPrefix(mv(self.prompts), mv(self.completions), self.prefix_idx_RK.to(device),
+        return PackedPrefix(self.prompts.to(device), self.completions.to(device), self.prefix_idx_RK.to(device),
                             self.comp_mask_R1LK.to(device), self.gather_BC.to(device))
 
 
@@ -158,7 +156,6 @@ def pack_prefix(prompts: list[list[int]], completions: list[list[int]], pad_id: 
     feed = [h if h else [pad_id] for h in heads]  # an empty one still takes a column (never read)
     Cp = pack_sequences(feed, pad_id)
     R, L = Cp.ids_RL.shape
-    Cp.pos_RL = Cp.pos_RL.clone()
     seg = torch.full((R, L), -1, dtype=torch.long)
     for b, h in enumerate(feed):
         r, col = divmod(Cp.start[b], L)
@@ -221,13 +218,11 @@ def packed_hidden(decoder, packed: PackedFull | PackedPrefix) -> torch.Tensor:
                   past_key_values=DynamicCache(), use_cache=True)
     prompt_flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
     cache = DynamicCache()
-    R = c.ids_RL.shape[0]
     for i, layer in enumerate(out.past_key_values.layers):
         # (Rp, heads, Lp, d) -> (heads, Rp * Lp, d) -> each completion row's prompt keys (R, heads, K, d)
         keys = layer.keys.transpose(0, 1).reshape(layer.keys.shape[1], -1, layer.keys.shape[-1])
         values = layer.values.transpose(0, 1).reshape(layer.values.shape[1], -1, layer.values.shape[-1])
         cache.update(keys[:, packed.prefix_idx_RK].transpose(0, 1), values[:, packed.prefix_idx_RK].transpose(0, 1), i)
-    assert R == packed.prefix_idx_RK.shape[0]
     out = decoder(input_ids=c.ids_RL, attention_mask=attention_mask_for(decoder, packed.comp_mask_R1LK, dtype), position_ids=c.pos_RL,
                   past_key_values=cache, use_cache=True)
     comp_flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])

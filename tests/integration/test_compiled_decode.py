@@ -51,23 +51,12 @@ def prompts(tiny_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def models(tiny_tokenizer):
+def models(sharp_tiny):
     """Two tiny Llamas whose samples vary (weights N(0, 0.15): ~125 distinct tokens in 600). The
     conftest's sharper N(0, 0.25) models blow the hidden states up enough that float32 noise alone
     reaches 1e-5 over 160 tokens: there the DynamicCache path is 1.2e-5 off a full forward pass,
     and the static path within 1.4e-5 of it (mean 1.2e-6), same tokens."""
-    from seekrl.models import make_tiny_model
-
-    def make(seed):
-        model = make_tiny_model(tiny_tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=seed)
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() == 2:
-                    p.normal_(0.0, 0.15, generator=gen)
-        return model.eval()
-
-    return make(3), make(4)
+    return sharp_tiny(3, std=0.15), sharp_tiny(4, std=0.15)
 
 
 @pytest.fixture(scope="module")
