@@ -4,6 +4,7 @@
     seekrl launch examples/tiny_grpo.yaml cluster.engine_servers=2   # trainer ranks + engine servers on Ray
     seekrl sft CONFIG data.train=chats.jsonl            # chat SFT, loss on assistant tokens
     seekrl demo [--out runs/demo]                  # the embedded demo: SFT + GRPO with search on a CPU
+    seekrl demo --recipe hotpotqa_smollm2          # SmolLM2-135M learns to search HotpotQA (about 2 h on a CPU)
     seekrl generate CONFIG generate.endpoint=http://127.0.0.1:8002/v1 generate.out=sft.jsonl   # or =teacher
     seekrl eval examples/gsm8k_grpo_smollm2.yaml model.path=runs/x/checkpoints/step_3/model
     seekrl index build --corpus hotpotqa --out runs/index/hotpotqa_bm25 --kind bm25
@@ -63,10 +64,16 @@ def _parser() -> argparse.ArgumentParser:
     sf = sub.add_parser("sft", help="supervised fine-tuning on chat rows (loss on assistant tokens only); same run folder")
     sf.add_argument("config")
     sf.add_argument("overrides", nargs="*")
-    dm = sub.add_parser("demo", help="the embedded demo: world -> index -> teacher SFT -> eval -> GRPO with search -> eval -> report")
-    dm.add_argument("overrides", nargs="*", help="section.key=value overrides of the demo config")
-    dm.add_argument("--out", default="runs/demo", help="folder of the demo's runs and report (default: runs/demo)")
-    dm.add_argument("--config", default=None, help="config (default: examples/demo_search.yaml)")
+    from seekrl.recipes import RECIPES
+
+    recipes = "; ".join(f"{name}: {desc}" for name, (_, desc) in RECIPES.items())
+    dm = sub.add_parser("demo", help="the embedded demo: world -> index -> teacher SFT -> eval -> GRPO with search -> eval -> report",
+                        description="Without --recipe: the embedded demo (a tiny model, a synthetic world). "
+                                    f"Recipes (--recipe NAME): {recipes}.")
+    dm.add_argument("overrides", nargs="*", help="section.key=value overrides of the demo (or recipe) config")
+    dm.add_argument("--recipe", default=None, choices=sorted(RECIPES), help=f"run a recipe instead of the embedded demo: {recipes}")
+    dm.add_argument("--out", default=None, help="folder of the runs and report (default: runs/demo, or runs/<recipe>)")
+    dm.add_argument("--config", default=None, help="config (default: examples/demo_search.yaml, or the recipe's)")
     g = sub.add_parser("generate", help="play the tool agent loop against an OpenAI-compatible endpoint (or the scripted teacher); write SFT rows")
     g.add_argument("config")
     g.add_argument("overrides", nargs="*")
@@ -171,9 +178,14 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             return 0
         if args.command == "demo":
+            if args.recipe:
+                from seekrl.recipes import run_recipe
+
+                run_recipe(args.recipe, args.out, args.config, args.overrides)
+                return 0
             from seekrl.demo import run_demo
 
-            run_demo(args.out, args.config, args.overrides)
+            run_demo(args.out or "runs/demo", args.config, args.overrides)
             return 0
         cfg = load_config(args.config, args.overrides)
         if args.command == "train":

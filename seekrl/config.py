@@ -168,6 +168,8 @@ class ToolsConfig:
     """The search tool's backend: an index folder (seekrl index build) or a server URL (http://127.0.0.1:8000/retrieve)."""
     topk: int = 3
     """Passages returned per search."""
+    passage_words: int = 0
+    """Each returned passage cut to its title and first N words of text (0: whole passages)."""
     token: str | None = None
     """Bearer token for a remote retriever."""
     timeout_s: float = 30.0
@@ -332,6 +334,8 @@ class GenerateConfig:
     """Scripted teacher: probability of guessing after a missed search instead of searching again."""
     teacher_quote: bool = False
     """Scripted teacher: after a paragraph it needs comes back, first quote the sentence stating the fact in `<think>`."""
+    teacher_first_query: str = "title"
+    """Scripted teacher: its first search: title (the first gold paragraph's title) or question (the question itself; then the titles still missing)."""
     teacher_overconfident_kinds: list[str] | None = None
     """Scripted teacher: question kinds (meta kind, e.g. [1hop, 2hop]) whose relations it may be overconfident about; none: all."""
 
@@ -362,6 +366,12 @@ class DemoConfig:
     """`seekrl demo`: SFT learning rate."""
     sft_batch_size: int = 16
     """`seekrl demo`: SFT episodes per step."""
+    eval_questions: int = 300
+    """`seekrl demo --recipe hotpotqa_smollm2`: held-out questions of dev_distractor.jsonl (never trained on) for the before/after evals."""
+    base_questions: int = 100
+    """`seekrl demo --recipe hotpotqa_smollm2`: the first N held-out questions the untrained model is evaluated on (its long, malformed episodes are slow to sample)."""
+    check_questions: int = 200
+    """`seekrl demo --recipe hotpotqa_smollm2`: further unseen questions for the independent check of the final policy."""
 
 
 @dataclass

@@ -163,6 +163,8 @@ def _check_tools(cfg: Config) -> None:
         raise ConfigError(f"tools.retriever: '{tl.retriever}' is not an index folder (no meta.json); build one with seekrl index build")
     if tl.topk < 1 or r.max_turns < 0 or r.max_obs_tokens < 1:
         raise ConfigError("tools.topk and rollout.max_obs_tokens must be at least 1, rollout.max_turns at least 0")
+    if tl.passage_words < 0:
+        raise ConfigError(f"tools.passage_words must be 0 (whole passages) or a positive word count, got {tl.passage_words}")
     if r.max_prompt_tokens + r.max_total_tokens > m.max_context:
         raise ConfigError(
             f"rollout.max_prompt_tokens + rollout.max_total_tokens = {r.max_prompt_tokens + r.max_total_tokens} "
@@ -392,6 +394,7 @@ def validate(cfg: Config) -> None:
     for key in ("teacher_skip_search", "teacher_stop_early", "teacher_weak_query", "teacher_give_up"):
         if not 0.0 <= getattr(g, key) <= 1.0:
             raise ConfigError(f"generate.{key}: must be a probability in [0, 1], got {getattr(g, key)}")
+    _choice("generate.teacher_first_query", g.teacher_first_query, ("title", "question"))
     if g.endpoint != "teacher" and not g.endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"generate.endpoint: '{g.endpoint}' is neither 'teacher' nor an http(s) base URL (http://127.0.0.1:8002/v1)")
     w = cfg.reward.weights

@@ -23,7 +23,8 @@
   be scored (e.g. no gold) — by the primary-reward rule above.
 - `tool_calls` (mean of `metrics["tool_calls"]`, 0 when absent), `invalid_actions` (mean, when
   the workflow counts them), `answer_rate`: the tool workflow's episode ended with an answer
-  (`finish_reason == "answered"`); for a single-turn workflow (no `turns` metric), a final answer
+  (`finish_reason == "answered"`), and `well_formed`: it ended with an answer and every turn
+  before it was a well-formed tool call (no invalid action); for a single-turn workflow (no `turns` metric), a final answer
   can be extracted (an `<answer>` tag; for math also a `\\boxed{}`; for plain tasks a non-empty
   completion).
 - `reward`, `response_len` and every reward part are means; `count` is the number of tasks.
@@ -101,6 +102,8 @@ def score_trajectory(traj: Trajectory, primary: str) -> dict[str, float]:
     out["tool_calls"] = float(traj.metrics.get("tool_calls", 0.0))
     if "invalid_actions" in traj.metrics:
         out["invalid_actions"] = float(traj.metrics["invalid_actions"])
+    if "turns" in traj.metrics:  # the tool workflow: every turn a well-formed call or the answer
+        out["well_formed"] = float(out["answered"] == 1.0 and traj.metrics.get("invalid_actions", 0.0) == 0.0)
     return out
 
 
@@ -114,7 +117,7 @@ def _scope_metrics(gs: list[TrajectoryGroup], scores: dict[int, dict[str, float]
     out: dict[str, float] = {f"{p}count": len(gs)}
     out[f"{p}reward"] = _mean([t.reward for t in trajs])
     out[f"{p}accuracy"] = _mean([s["accuracy"] for s in per])
-    for key in ("em", "f1", "invalid_actions"):
+    for key in ("em", "f1", "invalid_actions", "well_formed"):
         vals = [s[key] for s in per if key in s]
         if vals:
             out[f"{p}{key}"] = _mean(vals)
@@ -151,7 +154,7 @@ def summarize(groups: list[TrajectoryGroup], primary: str, prefix: str = "eval")
 
 
 _COLUMNS = [("count", "count"), ("reward", "reward"), ("em", "EM"), ("f1", "F1"), ("accuracy", "accuracy")]
-_TAIL_COLUMNS = [("tool_calls", "tool calls"), ("answer_rate", "answer rate")]
+_TAIL_COLUMNS = [("tool_calls", "tool calls"), ("answer_rate", "answer rate"), ("well_formed", "well-formed")]
 
 
 def eval_table_markdown(metrics: dict[str, float], prefix: str = "eval") -> str:
@@ -212,6 +215,9 @@ def eval_config(cfg) -> dict[str, float]:
         raise ConfigError("data.eval is not set; name the tasks to evaluate (e.g. data.eval=gsm8k:test)")
     # runs/<name>/eval/: next to the training run's files, never over its config.yaml
     cfg.log.dir, cfg.log.name = str(Path(cfg.log.dir) / (cfg.log.name or "run")), "eval"
+    # nothing is trained: the train tasks are the eval tasks, so a stage's config evaluates as it
+    # is, whatever its data.train held (an SFT run's chat rows are not tasks)
+    cfg.data.train, cfg.data.max_train = cfg.data.eval, cfg.data.max_eval
     from seekrl.engines.launch import terminate_as_exit
 
     with terminate_as_exit():
@@ -224,6 +230,10 @@ def eval_config(cfg) -> dict[str, float]:
         finally:
             comp.engine.close()
     json_path, md_path = write_eval(metrics, comp.run_dir)
+    primary = comp.workflow.rubric.names[0]
+    for g in groups:  # each sample's own scores go into its record (paired comparisons of two evals)
+        for t in g.trajectories:
+            t.metrics.update({f"score/{k}": v for k, v in score_trajectory(t, primary).items()})
     samples = comp.run_dir / "trajectories.jsonl"
     write_trajectories(samples, groups, comp.tokenizer)  # every sample, to read the failures
     print(eval_table_markdown(metrics), end="")

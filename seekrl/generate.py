@@ -289,7 +289,7 @@ def generate(cfg) -> dict:
         try:  # the probabilities are validated with the config; the kinds need the tasks
             engine = ScriptedTeacher(tasks, cfg.tools.format, seed=cfg.train.seed, skip_search=g.teacher_skip_search,
                                      stop_early=g.teacher_stop_early, weak_query=g.teacher_weak_query, give_up=g.teacher_give_up,
-                                     max_turns=cfg.rollout.max_turns, quote=g.teacher_quote,
+                                     max_turns=cfg.rollout.max_turns, quote=g.teacher_quote, first_query=g.teacher_first_query,
                                      overconfident_kinds=g.teacher_overconfident_kinds)
         except ValueError as e:
             raise ConfigError(f"generate.teacher_{e}") from e

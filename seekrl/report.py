@@ -9,6 +9,11 @@ another page name) with the sample trajectories of the first and the latest
 `trajectories/step_<N>.jsonl`, masked segments (inserted tool output) marked apart from the
 trained ones. The pages are self-contained: inline CSS, no scripts, no network. A plot whose
 metrics the run did not log is skipped.
+
+The report reads top-down: title, one line of context (run folder, steps, trajectories link), the
+caller's `sections` (e.g. the before/after table), the plots, the first/last summary, the config,
+`eval/eval.json`, then the per-step metrics, collapsed (<details>): one row per logged step, a
+column per metric that changes, and the metrics that never change listed once.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .traj{border:1px solid #ddd;border-radius:4px;margin:1em 0;padding:.5em 1em}.meta{color:#555;font-size:.9em}
 .text{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:.85em;background:#fafafa;padding:.5em}
 .trained{background:#e8f4e8}.masked{background:#ddd;color:#444;border-left:3px solid #888}
+details{margin:1em 0 2em}summary{cursor:pointer;font-weight:600}.wide{overflow-x:auto}
 .tag{font-family:system-ui,sans-serif;font-size:.75em;color:#fff;background:#888;padding:0 .3em;margin-right:.3em}"""
 
 # (file stem, title, [(label, metric keys tried in order, "line" or "points")]); keys in the eval
@@ -48,7 +54,7 @@ PLOTS: list[tuple[str, str, list[tuple[str, tuple[str, ...], str]]]] = [
                                                       ("eval", ("eval/tool_calls",), "points")]),
     ("loss", "Loss", [("policy loss", ("loss/policy",), "line"), ("value loss", ("loss/value",), "line"),
                       ("SFT loss", ("loss",), "line"), ("eval loss", ("eval/loss",), "points")]),
-    ("kl", "KL", [("KL", ("kl",), "line")]),
+    ("kl", "KL / entropy", [("KL", ("kl",), "line"), ("entropy", ("entropy", "actor/entropy"), "line")]),
 ]
 # every eval logs eval/tool_calls (0 without tools): draw searches only for runs that used tools in training
 NEEDS_TRAIN = {"searches": "rollout/tool_calls"}
@@ -191,6 +197,43 @@ def _summary_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _per_step(rows: list[dict]) -> tuple[list[dict], list[dict], list[str]]:
+    """(constant metrics [{metric, value (every step), logged at}], one merged row per step, the
+    columns that vary). Rows of the same step (a train row and an eval row) are merged. A metric is
+    constant when it has one value at every step where it was logged (and, in a run of more than
+    one step, was logged at more than one)."""
+    by_step: dict[Any, dict] = {}
+    for r in rows:
+        if r.get("step") is not None:
+            by_step.setdefault(r["step"], {}).update(r)
+    steps = [by_step[s] for s in sorted(by_step, key=lambda s: (not _is_num(s), s if _is_num(s) else str(s)))]
+    keys = list(dict.fromkeys(k for r in steps for k in r if k != "step"))
+    constant, varying = [], []
+    for key in keys:
+        values = [r[key] for r in steps if key in r]
+        distinct = {json.dumps(v, sort_keys=True, default=str) for v in values}
+        if len(distinct) == 1 and (len(values) > 1 or len(steps) == 1):
+            constant.append({"metric": key, "value (every step)": values[0], "logged at": f"{len(values)} of {len(steps)} steps"})
+        else:
+            varying.append(key)
+    return constant, steps, varying
+
+
+def _per_step_html(rows: list[dict]) -> str:
+    constant, steps, varying = _per_step(rows)
+    if not steps:
+        return ""
+    summary = (f"Per-step metrics: {len(steps)} step{'s' * (len(steps) != 1)}, {len(varying)} metrics that change, "
+               f"{len(constant)} that do not")
+    parts = [f"<details><summary>{_esc(summary)}</summary>"]
+    if constant:
+        parts += ["<h3>Same value at every step where logged</h3>", table_html(constant)]
+    if varying:
+        parts += ["<h3>One row per step</h3>", '<div class="wide">', table_html(steps, ["step", *varying]), "</div>"]
+    parts.append("</details>")
+    return "\n".join(parts)
+
+
 def _config_summary(run_dir: Path) -> list[dict]:
     import yaml
 
@@ -275,8 +318,9 @@ def write_report(
 ) -> Path:
     """Write the HTML report of `run_dir` (default `run_dir/report.html`) and return its path.
 
-    `sections` are (heading, HTML fragment) pairs placed after the run summary, e.g.
-    `("Before / after", table_html(rows))`; fragments are inserted as given (escape your text).
+    `sections` are (heading, HTML fragment) pairs placed right after the one-line run summary,
+    before the plots, e.g. `("Before / after", table_html(rows))`; fragments are inserted as given
+    (escape your text).
     Raises NotARunFolder when `run_dir` has no metrics.jsonl.
     """
     run_dir = Path(run_dir)
@@ -296,23 +340,26 @@ def write_report(
             f"<p>Run folder <code>{_esc(run_dir.resolve())}</code> · {len(rows)} logged rows, steps "
             f"{_fmt(min(steps)) if steps else '–'} to {_fmt(max(steps)) if steps else '–'} · "
             f'<a href="{_esc(traj_page.name)}">sample trajectories</a></p>']
-    config = _config_summary(run_dir)
-    if config:
-        body += ["<h2>Config</h2>", table_html(config)]
-    for heading, fragment in sections:
+    for heading, fragment in sections:  # the caller's results (a before/after table) come first
         body += [f"<h2>{_esc(heading)}</h2>", fragment]
-    summary = _summary_rows(rows)
-    body += ["<h2>Metrics: first and last</h2>",
-             table_html(summary) if summary else "<p>No numeric metrics logged yet.</p>"]
-    eval_json = run_dir / "eval" / "eval.json"
-    data = json.loads(eval_json.read_text()) if eval_json.is_file() else None
-    if isinstance(data, dict):
-        body += ["<h2>Evaluation (<code>eval/eval.json</code>)</h2>", table_html([{"metric": k, "value": v} for k, v in data.items()])]
     plots = _write_plots(rows, out.with_suffix("") if out.suffix else out.with_name(out.name + "_plots"))
     if plots:
         rel = lambda p: p.relative_to(out.parent).as_posix()  # noqa: E731
         body += ["<h2>Plots</h2>", '<div class="plots">']
         body += [f'<img src="{_esc(rel(p))}" alt="{_esc(t)}" title="{_esc(t)}">' for t, p in plots]
         body.append("</div>")
+    summary = _summary_rows(rows)
+    body += ["<h2>Metrics: first and last</h2>",
+             table_html(summary) if summary else "<p>No numeric metrics logged yet.</p>"]
+    config = _config_summary(run_dir)
+    if config:
+        body += ["<h2>Config</h2>", table_html(config)]
+    eval_json = run_dir / "eval" / "eval.json"
+    data = json.loads(eval_json.read_text()) if eval_json.is_file() else None
+    if isinstance(data, dict):
+        body += ["<h2>Evaluation (<code>eval/eval.json</code>)</h2>", table_html([{"metric": k, "value": v} for k, v in data.items()])]
+    per_step = _per_step_html(rows)
+    if per_step:
+        body += ["<h2>Per-step metrics</h2>", per_step]
     out.write_text(_page(title or f"{name} report", "\n".join(body)), encoding="utf-8")
     return out

@@ -7,8 +7,18 @@
     load_tasks("hf:openai/gsm8k:test")        # datasets.load_dataset (needs the hub or a cache)
     load_tasks("saved_dataset_dir:train")     # a folder written by Dataset(Dict).save_to_disk
 
-The data dir holding the builtin files is the `data_dir` argument, else `$SEEKRL_DATA_DIR`,
-else the first existing of `./../shared/data` and `<repo root>/../shared/data`.
+A builtin name:split is one file (`BUILTINS`), looked up in this order, the first hit wins:
+
+1. the `data_dir` argument, when given (then no other folder);
+2. `$SEEKRL_DATA_DIR`, when set -- a folder there that lacks the file falls through to 3;
+3. `./../shared/data`, then `<repo root>/../shared/data`;
+4. the Hugging Face hub (`HUB_SOURCES`: hub id, config, split), through `datasets.load_dataset`,
+   when `datasets` is installed and HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are not set; its rows
+   are normalised to the local schema (`_hub_row`) and go through the same converter.
+
+When none has it the DataError is one line naming every place tried and how to point at the
+data. `resolve_data_dir` still gives the single folder of 1-3 (the first that exists);
+`locate_data_file` does the per-file lookup of 1-3 (the retrieval corpora use it too).
 
 Errors are `DataError`s that name the file and the 1-based line (jsonl) or row (other
 formats), and say what to change.
@@ -28,7 +38,17 @@ from seekrl.data.converters import CONVERTERS, DataError, detect_converter, fiel
 from seekrl.data.templates import PromptTemplate, get_template
 from seekrl.types import Task
 
-__all__ = ["DataError", "BUILTINS", "read_rows", "load_tasks", "resolve_data_dir", "DATA_DIR_ENV"]
+__all__ = [
+    "builtin_rows",
+    "DataError",
+    "BUILTINS",
+    "HUB_SOURCES",
+    "read_rows",
+    "load_tasks",
+    "resolve_data_dir",
+    "locate_data_file",
+    "DATA_DIR_ENV",
+]
 
 DATA_DIR_ENV = "SEEKRL_DATA_DIR"
 
@@ -47,6 +67,20 @@ BUILTINS: dict[str, tuple[str, str, dict[str, str]]] = {
     "musique": ("qa", "dev", {"dev": "musique/dev_answerable.json"}),
 }
 
+# name -> (hub id, config or None, {builtin split: hub split}): the public hub copy of the same
+# rows, used when no data dir has the file. Not for the samples (triviaqa, popqa, 2wiki: 500-row
+# samples the hub does not hold; 2wiki's golden_context is FlashRAG's), nor musique's answerable
+# dev subset, nor the verl exports.
+HUB_SOURCES: dict[str, tuple[str, str | None, dict[str, str]]] = {
+    "gsm8k": ("openai/gsm8k", "main", {"train": "train", "test": "test"}),
+    "math500": ("HuggingFaceH4/MATH-500", None, {"test": "test"}),
+    "aime24": ("HuggingFaceH4/aime_2024", None, {"test": "train"}),
+    "nq_open": ("google-research-datasets/nq_open", None, {"dev": "validation"}),
+    "hotpotqa": ("hotpotqa/hotpot_qa", "distractor", {"dev": "validation"}),
+}
+
+HF_OFFLINE_ENVS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
 FORMATS = ("jsonl", "json", "parquet", "hf_disk", "hf")
 
 
@@ -59,7 +93,10 @@ def _candidate_dirs() -> list[Path]:
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The argument, else $SEEKRL_DATA_DIR, else the first existing default (or the first default)."""
+    """The argument, else $SEEKRL_DATA_DIR, else the first existing default (or the first default).
+
+    One folder for callers that want one; builtin files are looked up per file
+    (`locate_data_file`), so a $SEEKRL_DATA_DIR lacking a file falls through to the defaults."""
     if data_dir:
         return Path(data_dir)
     if os.environ.get(DATA_DIR_ENV):
@@ -71,22 +108,135 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     return candidates[0]
 
 
-def _builtin_path(name: str, split: str | None, data_dir: str | os.PathLike | None) -> tuple[Path, str]:
+def _data_dirs(data_dir: str | os.PathLike | None = None) -> list[tuple[str, Path]]:
+    """(label for messages, folder) in lookup order: the argument alone, else $SEEKRL_DATA_DIR
+    (when set) and then the ../shared/data defaults (duplicates dropped)."""
+    if data_dir:
+        return [(f"data_dir={data_dir}", Path(data_dir))]
+    dirs: list[tuple[str, Path]] = []
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        dirs.append((f"${DATA_DIR_ENV}={env}", Path(env)))
+    seen = {Path(env).resolve()} if env else set()
+    for c in _candidate_dirs():
+        c = c.resolve()
+        if c not in seen:
+            seen.add(c)
+            dirs.append((str(c), c))
+    return dirs
+
+
+def locate_data_file(rel: str, data_dir: str | os.PathLike | None = None) -> tuple[Path | None, list[str]]:
+    """(the first `<dir>/<rel>` that is a file, or None; what was tried, one phrase per folder).
+
+    The folders are those of `_data_dirs`: `data_dir` alone when given, else $SEEKRL_DATA_DIR
+    and then ./../shared/data and <repo root>/../shared/data."""
+    tried = []
+    for label, folder in _data_dirs(data_dir):
+        path = folder / rel
+        if path.is_file():
+            return path, tried
+        tried.append(f"{label} ({'no ' + rel if folder.is_dir() else 'no such folder'})")
+    return None, tried
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """`text` with all whitespace runs collapsed to one space, cut to `limit` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _offline() -> str | None:
+    """The offline variable that is set (HF's truthy values), else None."""
+    for var in HF_OFFLINE_ENVS:
+        if os.environ.get(var, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+            return f"{var}={os.environ[var]}"
+    return None
+
+
+def _pairs(value: Any, first: str, second: str) -> Any:
+    """The hub's dict of parallel lists `{first: [...], second: [...]}` -> `[[a, b], ...]` (the
+    local files' list of pairs); anything else unchanged."""
+    if isinstance(value, dict) and first in value and second in value:
+        return [[a, list(b) if isinstance(b, tuple) else b] for a, b in zip(value[first], value[second])]
+    return value
+
+
+def _hub_row(name: str, row: dict) -> dict:
+    """A hub row in the schema of the local file: HotpotQA's `supporting_facts` {title, sent_id}
+    and `context` {title, sentences} become [[title, sent_id], ...] / [[title, [sentences]], ...],
+    and its `id` is `_id` as in the original json files."""
+    row = dict(row)
+    if name == "hotpotqa":
+        row["supporting_facts"] = _pairs(row.get("supporting_facts"), "title", "sent_id")
+        row["context"] = _pairs(row.get("context"), "title", "sentences")
+        if "_id" not in row and "id" in row:
+            row["_id"] = row.pop("id")
+    return row
+
+
+def _load_from_hub(name: str, split: str) -> tuple[str, Iterator[tuple[int, dict]] | None, str]:
+    """(label of the source, its rows or None, what was tried -- a phrase for the error)."""
+    hub_id, config, splits = HUB_SOURCES[name]
+    hub_split = splits.get(split)
+    label = f"hf:{hub_id}{f'[{config}]' if config else ''}:{hub_split}"
+    if hub_split is None:
+        return label, None, f"the Hugging Face hub ({hub_id} has no copy of split {split!r})"
+    offline = _offline()
+    if offline:
+        return label, None, f"the Hugging Face hub (skipped: {offline})"
+    try:
+        import datasets
+    except ImportError:
+        return label, None, "the Hugging Face hub (skipped: the datasets package is not installed)"
+    try:
+        ds = datasets.load_dataset(hub_id, config, split=hub_split)
+    except Exception as e:  # offline, no such data set, ...: fall through to the error
+        return label, None, f"the Hugging Face hub ({hub_id}: {_one_line(f'{type(e).__name__}: {e}')})"
+    return label, ((i, _hub_row(name, dict(row))) for i, row in enumerate(ds, start=1)), ""
+
+
+def _builtin_source(
+    name: str, split: str | None, data_dir: str | os.PathLike | None
+) -> tuple[str, str, Iterator[tuple[int, dict]] | None]:
+    """(path of the local file or hf:<id>:<split> label, converter, hub rows or None).
+
+    The folders of `locate_data_file` in order, then the hub (`HUB_SOURCES`); else a one-line
+    DataError naming every place tried."""
     converter, default_split, splits = BUILTINS[name]
     split = split or default_split
     if split not in splits:
         raise DataError(f"data set {name!r} has no split {split!r}; splits: {', '.join(splits)}")
-    root = resolve_data_dir(data_dir)
-    path = root / splits[split]
-    if not path.is_file():
-        how = "the data_dir argument" if data_dir else f"${DATA_DIR_ENV}" if os.environ.get(DATA_DIR_ENV) else "default"
-        tried = [str(root)] if (data_dir or os.environ.get(DATA_DIR_ENV)) else [str(c) for c in _candidate_dirs()]
-        raise DataError(
-            f"builtin data set {name}:{split} not found: {path} does not exist (data dir from "
-            f"{how}; tried {', '.join(tried)}). Set {DATA_DIR_ENV}=<folder holding "
-            f"{splits[split].split('/')[0]}/> or pass data_dir"
-        )
-    return path, converter
+    rel = splits[split]
+    path, tried = locate_data_file(rel, data_dir)
+    if path is not None:
+        return str(path), converter, None
+    if name in HUB_SOURCES:
+        label, rows, why = _load_from_hub(name, split)
+        if rows is not None:
+            return label, converter, rows
+        tried.append(why)
+    raise DataError(
+        f"builtin data set {name}:{split} not found: tried {', '.join(tried)}; "
+        f"set {DATA_DIR_ENV}=<folder holding {rel}> or copy the file to {_default_dir(data_dir) / rel}"
+    )
+
+
+def builtin_rows(name: str, split: str | None = None, data_dir: str | os.PathLike | None = None) -> Iterator[tuple[int, dict]]:
+    """The raw rows of a builtin data set (`(number, row)`, as `read_rows`), from wherever it resolves."""
+    if name not in BUILTINS:
+        raise DataError(f"{name!r} is not a builtin data set; builtins: {', '.join(BUILTINS)}")
+    path, _, rows = _builtin_source(name, split, data_dir)
+    return rows if rows is not None else read_rows(path)
+
+
+def _default_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """Where a missing file should go: `data_dir`, else the first existing ../shared/data default
+    (else the first default)."""
+    if data_dir:
+        return Path(data_dir)
+    candidates = [c.resolve() for c in _candidate_dirs()]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 # ----------------------------------------------------------------------------- reading rows
@@ -247,21 +397,24 @@ def read_rows(path: str | os.PathLike, fmt: str = "auto", *, split: str | None =
 # ----------------------------------------------------------------------------- spec -> Tasks
 
 
-def _parse_spec(spec: str, data_dir) -> tuple[str, str | None, str | None, str | None]:
-    """(path or hf spec, split, builtin converter or None, builtin name or None)."""
+def _parse_spec(
+    spec: str, data_dir
+) -> tuple[str, str | None, str | None, str | None, Iterator[tuple[int, dict]] | None]:
+    """(path or hf spec, split, builtin converter or None, builtin name or None, rows already
+    loaded from the hub for a builtin or None)."""
     name, _, split = spec.partition(":")
     if name in BUILTINS and not Path(spec).exists():
-        path, converter = _builtin_path(name, split or None, data_dir)
-        return str(path), None, converter, name
+        path, converter, rows = _builtin_source(name, split or None, data_dir)
+        return path, None, converter, name, rows
     if spec.startswith("hf:"):
         rest = spec[3:]
         hf_name, sep, hf_split = rest.rpartition(":")
-        return ("hf:" + (hf_name if sep else rest)), (hf_split if sep else None), None, None
+        return ("hf:" + (hf_name if sep else rest)), (hf_split if sep else None), None, None, None
     if Path(spec).exists():
-        return spec, None, None, None
+        return spec, None, None, None, None
     base, sep, split = spec.rpartition(":")
     if sep and base and Path(base).is_dir():  # saved DatasetDict folder with a split
-        return base, split, None, None
+        return base, split, None, None, None
     raise DataError(
         f"{spec}: no such file or folder, and not a builtin data set "
         f"(builtins: {', '.join(BUILTINS)}; hf:<name>[:split] for the hub)"
@@ -292,7 +445,7 @@ def load_tasks(
     prompt unless a template is given. limit: the first `limit` rows only.
     """
     spec = str(spec)
-    path, split, builtin_converter, builtin = _parse_spec(spec, data_dir)
+    path, split, builtin_converter, builtin, hub_rows = _parse_spec(spec, data_dir)
     if source is None:
         if builtin:
             source = builtin
@@ -307,11 +460,15 @@ def load_tasks(
     if limit is not None and limit <= 0:
         raise DataError(f"limit must be positive, got {limit}")
 
-    where_fmt = fmt if fmt != "auto" else ("hf" if path.startswith("hf:") else _detect_format(Path(path)))
+    if hub_rows is not None:  # a builtin from the hub
+        where_fmt, rows = "hf", hub_rows
+    else:
+        where_fmt = fmt if fmt != "auto" else ("hf" if path.startswith("hf:") else _detect_format(Path(path)))
+        rows = read_rows(path, fmt=where_fmt, split=split)
     tasks: list[Task] = []
     seen: dict[str, int] = {}
     fn: Callable[..., Task] | None = None
-    for index, (number, row) in enumerate(read_rows(path, fmt=where_fmt, split=split)):
+    for index, (number, row) in enumerate(rows):
         where = f"{path}:{number}" if where_fmt == "jsonl" else f"{path} row {number}"
         try:
             if fn is None:

@@ -30,6 +30,12 @@ information), and it turns reading into copying: the student writes the sentence
 the question's words and then continues the passage it has just seen, which a small model
 learns far more easily than picking the answer out of the passage in one step.
 
+With `first_query="question"` (the HotpotQA recipe) the teacher searches as a reader of the
+question would: its first query is the question itself; then, for each gold paragraph the
+results have not brought back, the paragraph's title (on a bridge question, the bridge entity
+that the first paragraph named); then it answers. Nothing in the observations is pasted: every
+passage is what the real index returned for that query.
+
 A teacher that ran out of turns guesses. Search turns are `<search> query </search>` (search_r1)
 or `<call_tool name="search"> query </call_tool>` (dr_tulu); the answer is `<answer> a </answer>`.
 The spaces inside the tags are Search-R1's style, and they let a word-level tokenizer give a name
@@ -73,12 +79,16 @@ class ScriptedTeacher:
         max_turns: int = 4,
         quote: bool = False,
         overconfident_kinds=None,
+        first_query: str = "title",
     ):
         if fmt not in ("search_r1", "dr_tulu"):
             raise ValueError(f"the scripted teacher writes search_r1 or dr_tulu turns, not '{fmt}'")
         for name, p in (("skip_search", skip_search), ("stop_early", stop_early), ("weak_query", weak_query), ("give_up", give_up)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"teacher {name} must be a probability in [0, 1], got {p}")
+        if first_query not in ("title", "question"):
+            raise ValueError(f"first_query must be title or question, not '{first_query}'")
+        self.first_query = first_query
         self.fmt, self.skip_search, self.weak_query, self.give_up = fmt, skip_search, weak_query, give_up
         self.stop_early, self.quote = stop_early, quote
         self.max_turns = max_turns
@@ -150,6 +160,12 @@ class ScriptedTeacher:
         return f"<think> {evidence} </think>\n" if evidence else ""
 
     @staticmethod
+    def _question_query(prompt_text: str) -> str:
+        """The question of a templated user message (its `Question:` line when there is one), on one line."""
+        m = re.search(r"Question:\s*(.+)", prompt_text)
+        return " ".join((m.group(1) if m else prompt_text).split())
+
+    @staticmethod
     def _weak(question: str, title: str) -> str:
         words = [w for w in re.findall(r"\w+", question) if w.lower() not in title.lower()]
         return " ".join(words[-4:]) or "information"
@@ -185,12 +201,15 @@ class ScriptedTeacher:
             return self._answer(answer)
         if not can_search:
             return self._answer(self._guess(task, rng))
+        if self.first_query == "question" and not turns:
+            return self._search(self._question_query(question))
         target = missing[0]
-        attempts = len(turns) - titles.index(target)  # searches already spent on this paragraph (about)
+        attempts = len(turns) - titles.index(target) - (self.first_query == "question")  # searches spent on it (about)
         if attempts > 0 and rng.random() < self.give_up:
             return self._answer(self._guess(task, rng))
         if attempts == 0 and rng.random() < self.weak_query:
             return self._search(self._weak(question, target))
-        if target in " ".join(turns):  # the plain name missed: add the question's words
+        own = turns[1:] if self.first_query == "question" else turns  # the question query named no title on purpose
+        if target in " ".join(own):  # the plain name missed: add the question's words
             return self._search(f"{target} {self._weak(question, target)}")
         return self._search(target)

@@ -15,6 +15,10 @@ Converters (from the files in ../shared/data, see its README):
 
 Ids are the 0-based position in the corpus, as strings (Search-R1's wiki-18 uses the same).
 
+The input files are looked up per file as the builtin data sets are (`locate_data_file`): the
+`data_dir` argument alone, else $SEEKRL_DATA_DIR, then ./../shared/data and <repo root>/../shared/data
+(no hub fallback); when none has one, a one-line FileNotFoundError names the dirs tried.
+
     python -c "from seekrl.retrieval.corpus import *; write_corpus(hotpotqa_corpus(), 'hotpotqa.jsonl')"
 """
 
@@ -27,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from seekrl.data.loaders import resolve_data_dir
+from seekrl.data.loaders import DATA_DIR_ENV, locate_data_file
 
 __all__ = [
     "Document",
@@ -155,14 +159,31 @@ def _dedup(pairs: Iterable[tuple[str, str]]) -> list[Document]:
 
 
 def _data_file(data_dir: str | os.PathLike | None, rel: str) -> Path:
-    path = resolve_data_dir(data_dir) / rel
-    if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path} (set $SEEKRL_DATA_DIR or pass data_dir)")
+    """`rel` in the first data dir that has it -- `data_dir` alone when given, else
+    $SEEKRL_DATA_DIR, then ../shared/data (as the builtin data sets; no hub fallback) -- else a
+    one-line FileNotFoundError naming the dirs tried."""
+    path, tried = locate_data_file(rel, data_dir)
+    if path is None:
+        raise FileNotFoundError(
+            f"data file {rel} not found: tried {', '.join(tried)}; "
+            f"set {DATA_DIR_ENV}=<folder holding {rel}> or pass data_dir"
+        )
     return path
 
 
 def hotpotqa_corpus(data_dir: str | os.PathLike | None = None) -> list[Document]:
-    """Distinct (title, text) paragraphs of HotpotQA dev_distractor + extra_contexts (14,903)."""
+    """Distinct (title, text) paragraphs of HotpotQA dev_distractor + extra_contexts (14,903).
+
+    When no data dir has dev_distractor.jsonl, the paragraphs of the builtin `hotpotqa` rows from
+    the Hugging Face hub (data/loaders.py's order; the hub's distractor validation split)."""
+    if locate_data_file(HOTPOTQA_FILES[0], data_dir)[0] is None:
+        from seekrl.data.loaders import DataError, builtin_rows
+
+        try:
+            rows = [row for _, row in builtin_rows("hotpotqa", "dev", data_dir)]
+        except DataError as e:
+            raise FileNotFoundError(str(e)) from None
+        return _dedup((title, "".join(sentences)) for row in rows for title, sentences in row["context"])
 
     def pairs() -> Iterator[tuple[str, str]]:
         for rel in HOTPOTQA_FILES:

@@ -149,7 +149,7 @@ def make_tool_executor(cfg: Config):
         else:
             retriever = LocalRetriever(load_index(tl.retriever))
         policy = ToolPolicy(timeout_s=tl.timeout_s, retries=1, cache_size=4096, max_calls=tl.max_calls)
-        registry.register(make_search_tool(retriever, tl.topk, policy=policy))
+        registry.register(make_search_tool(retriever, tl.topk, policy=policy, passage_words=tl.passage_words))
     if tl.mcp:
         import asyncio
 

@@ -110,3 +110,63 @@ def test_corpus_text_rows_group_passages_and_reshuffle_each_pass():
     assert corpus_text_rows(docs, per_row=4, passes=2, seed=3) == rows  # seeded
     with pytest.raises(ValueError, match="per_row >= 1"):
         corpus_text_rows(docs, per_row=0)
+
+
+def test_corpus_files_per_file_lookup_and_one_line_error(tmp_path, monkeypatch):
+    from seekrl.data import DATA_DIR_ENV, loaders
+
+    env_dir, shared = tmp_path / "env", tmp_path / "shared"
+    (env_dir / "hotpotqa").mkdir(parents=True)
+    (shared / "hotpotqa").mkdir(parents=True)
+    monkeypatch.setattr(loaders, "_candidate_dirs", lambda: [shared])
+    monkeypatch.setenv(DATA_DIR_ENV, str(env_dir))
+    row = {"context": [["T", ["One.", " Two."]]]}
+    (env_dir / "hotpotqa/dev_distractor.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(FileNotFoundError) as err:  # extra_contexts.jsonl is nowhere
+        hotpotqa_corpus()
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("data file hotpotqa/extra_contexts.jsonl not found: tried ")
+    assert f"${DATA_DIR_ENV}={env_dir} (no hotpotqa/extra_contexts.jsonl)" in msg
+    assert f"{shared} (no hotpotqa/extra_contexts.jsonl)" in msg and DATA_DIR_ENV + "=<folder" in msg
+    # the env dir lacks extra_contexts.jsonl: it comes from the shared dir, the dev file from env
+    extra = {"context": [["U", ["Three."]], ["T", ["One.", " Two."]]]}
+    (shared / "hotpotqa/extra_contexts.jsonl").write_text(json.dumps(extra) + "\n")
+    assert [(d.title, d.text) for d in hotpotqa_corpus()] == [("T", "One. Two."), ("U", "Three.")]
+    # data_dir given: only it
+    with pytest.raises(FileNotFoundError) as err:
+        twowiki_corpus(data_dir=tmp_path / "none")
+    assert f"data_dir={tmp_path / 'none'} (no such folder)" in str(err.value)
+    assert str(shared) not in str(err.value)
+
+
+def test_hotpotqa_corpus_from_the_hub_when_no_dir_has_it(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from seekrl.data import DATA_DIR_ENV, loaders
+
+    monkeypatch.setattr(loaders, "_candidate_dirs", lambda: [tmp_path / "shared"])
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "env"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    hub_row = {"id": "q1", "question": "Q?", "answer": "yes", "type": "comparison", "level": "easy",
+               "supporting_facts": {"title": ["T"], "sent_id": [0]},
+               "context": {"title": ["T", "U"], "sentences": [["One.", " Two."], ["Three."]]}}
+    calls = []
+
+    def load_dataset(path, name=None, *, split=None):
+        calls.append((path, name, split))
+        return [dict(hub_row)]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    assert [(d.title, d.text) for d in hotpotqa_corpus()] == [("T", "One. Two."), ("U", "Three.")]
+    assert calls == [("hotpotqa/hotpot_qa", "distractor", "validation")]
+
+    def offline(*a, **k):
+        raise ConnectionError("no network")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    with pytest.raises(FileNotFoundError) as err:
+        hotpotqa_corpus()
+    msg = str(err.value)
+    assert "\n" not in msg and str(tmp_path / "env") in msg and str(tmp_path / "shared") in msg and "hub" in msg

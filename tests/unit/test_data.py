@@ -28,6 +28,12 @@ DATA = resolve_data_dir()
 needs_data = pytest.mark.skipif(not (DATA / "gsm8k").is_dir(), reason=f"shared data not found at {DATA}")
 
 
+@pytest.fixture(autouse=True)
+def _no_hub(monkeypatch):
+    """No test here reaches the network: a builtin missing everywhere skips the hub (offline)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
 def _jsonl(path: Path, rows: list) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path
@@ -195,13 +201,149 @@ def test_unknown_shape_suggests_fields(tmp_path):
 def test_missing_builtin_names_path_and_env(tmp_path, monkeypatch):
     with pytest.raises(DataError) as err:
         load_tasks("math500", data_dir=tmp_path)
-    assert str(tmp_path / "math500/test.jsonl") in str(err.value) and DATA_DIR_ENV in str(err.value)
+    msg = str(err.value)
+    assert f"data_dir={tmp_path} (no math500/test.jsonl)" in msg and DATA_DIR_ENV in msg
+    assert str(tmp_path / "math500/test.jsonl") in msg  # where to copy it
     # the environment variable is the second place looked at
     (tmp_path / "gsm8k").mkdir()
     _jsonl(tmp_path / "gsm8k" / "train.jsonl", [{"question": "1+1?", "answer": "so\n#### 2"}])
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
     tasks = load_tasks("gsm8k")
     assert [(t.id, t.answer) for t in tasks] == [("gsm8k-0", "2")]
+
+
+# ----------------------------------------------------------------------------- builtin lookup order
+
+
+def _dirs(tmp_path, monkeypatch, *, env: bool = True):
+    """An env data dir and a shared dir (standing in for ../shared/data), both empty."""
+    from seekrl.data import loaders
+
+    env_dir, shared = tmp_path / "env", tmp_path / "shared"
+    env_dir.mkdir()
+    shared.mkdir()
+    monkeypatch.setattr(loaders, "_candidate_dirs", lambda: [shared])
+    if env:
+        monkeypatch.setenv(DATA_DIR_ENV, str(env_dir))
+    else:
+        monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+    return env_dir, shared
+
+
+def _gsm8k_file(folder: Path, answer: str) -> None:
+    (folder / "gsm8k").mkdir()
+    _jsonl(folder / "gsm8k" / "test.jsonl", [{"question": "1+1?", "answer": f"so\n#### {answer}"}])
+
+
+def test_builtin_env_dir_with_the_file_wins(tmp_path, monkeypatch):
+    env_dir, shared = _dirs(tmp_path, monkeypatch)
+    _gsm8k_file(env_dir, "1")
+    _gsm8k_file(shared, "2")
+    assert [t.answer for t in load_tasks("gsm8k:test")] == ["1"]
+
+
+def test_builtin_env_dir_lacking_the_file_falls_through_to_shared(tmp_path, monkeypatch):
+    env_dir, shared = _dirs(tmp_path, monkeypatch)
+    _gsm8k_file(shared, "2")
+    (env_dir / "gsm8k").mkdir()  # the folder is there, the file is not
+    assert [t.answer for t in load_tasks("gsm8k:test")] == ["2"]
+    # a $SEEKRL_DATA_DIR that does not exist falls through as well
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "nowhere"))
+    assert [t.answer for t in load_tasks("gsm8k:test")] == ["2"]
+
+
+def test_builtin_data_dir_argument_is_the_only_folder(tmp_path, monkeypatch):
+    env_dir, shared = _dirs(tmp_path, monkeypatch)
+    _gsm8k_file(shared, "2")
+    with pytest.raises(DataError) as err:
+        load_tasks("gsm8k:test", data_dir=env_dir)
+    assert str(shared) not in str(err.value).split("; set")[0]
+
+
+HOTPOT_HUB_ROW = {
+    "id": "5a8b57f25542995d1e6f1371",
+    "question": "Were Scott Derrickson and Ed Wood of the same nationality?",
+    "answer": "yes",
+    "type": "comparison",
+    "level": "hard",
+    "supporting_facts": {"title": ["Scott Derrickson", "Ed Wood", "Scott Derrickson"], "sent_id": [0, 0, 1]},
+    "context": {
+        "title": ["Ed Wood (film)", "Scott Derrickson"],
+        "sentences": [["Ed Wood is a film.", " It is American."], ["Scott Derrickson is a director."]],
+    },
+}
+
+
+def test_builtin_hub_fallback_when_no_dir_has_the_file(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from seekrl.data.teacher import gold_titles
+    from seekrl.retrieval.corpus import hotpotqa_gold_titles
+
+    _dirs(tmp_path, monkeypatch)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    calls = []
+
+    def load_dataset(path, name=None, *, split=None):
+        calls.append((path, name, split))
+        return [dict(HOTPOT_HUB_ROW)]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    tasks = load_tasks("hotpotqa")
+    assert calls == [("hotpotqa/hotpot_qa", "distractor", "validation")]
+    (task,) = tasks
+    assert task.answer == ["yes"] and task.source == "hotpotqa" and task.id == HOTPOT_HUB_ROW["id"]
+    assert "Scott Derrickson and Ed Wood" in _contents(task)
+    # the local schema: lists of [title, sent_id] / [title, [sentences]] pairs
+    assert task.meta["supporting_facts"] == [["Scott Derrickson", 0], ["Ed Wood", 0], ["Scott Derrickson", 1]]
+    assert task.meta["context"][1] == ["Scott Derrickson", ["Scott Derrickson is a director."]]
+    assert gold_titles(task) == ["Scott Derrickson", "Ed Wood"]
+    assert hotpotqa_gold_titles(task.meta) == ["Scott Derrickson", "Ed Wood"]
+
+    # gsm8k: its hub id, config and split; rows as the hub has them
+    calls.clear()
+
+    def load_gsm8k(path, name=None, *, split=None):
+        calls.append((path, name, split))
+        return [{"question": "1+1?", "answer": "so\n#### 2"}]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_gsm8k))
+    assert [t.answer for t in load_tasks("gsm8k:test")] == ["2"]
+    assert calls == [("openai/gsm8k", "main", "test")]
+
+
+def test_builtin_not_found_is_one_line_naming_every_place(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    env_dir, shared = _dirs(tmp_path, monkeypatch)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+
+    def load_dataset(path, name=None, *, split=None):
+        raise ConnectionError("Couldn't reach 'hotpotqa/hotpot_qa' on the Hub\n" + "retrying... " * 100)
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    with pytest.raises(DataError) as err:
+        load_tasks("hotpotqa")
+    msg = str(err.value)
+    assert "\n" not in msg and len(msg) < 800, msg
+    assert msg.startswith("builtin data set hotpotqa:dev not found: tried ")
+    assert f"${DATA_DIR_ENV}={env_dir} (no hotpotqa/dev_distractor.jsonl)" in msg
+    assert f"{shared} (no hotpotqa/dev_distractor.jsonl)" in msg
+    assert "the Hugging Face hub (hotpotqa/hotpot_qa: ConnectionError: Couldn't reach" in msg
+    assert f"set {DATA_DIR_ENV}=<folder holding hotpotqa/dev_distractor.jsonl>" in msg
+
+    # offline: the hub is skipped (and said so); a builtin with no hub copy names only the dirs
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DataError, match=r"the Hugging Face hub \(skipped: HF_DATASETS_OFFLINE=1\)"):
+        load_tasks("hotpotqa")
+    with pytest.raises(DataError) as err:
+        load_tasks("2wiki")
+    assert "Hugging Face" not in str(err.value) and "\n" not in str(err.value)
+    assert f"{shared} (no 2wikimultihopqa/dev500_gold_context.json)" in str(err.value)
 
 
 def test_duplicate_ids_rejected(tmp_path):

@@ -159,13 +159,14 @@ def test_eval_table_markdown_and_write_eval(tmp_path):
     m = summarize(groups, primary="qa_em")
     table = eval_table_markdown(m)
     lines = table.strip().splitlines()
-    assert lines[0] == "| scope | count | reward | EM | F1 | accuracy | pass@1 | pass@2 | pass@4 | tool calls | answer rate |"
+    assert lines[0] == "| scope | count | reward | EM | F1 | accuracy | pass@1 | pass@2 | pass@4 | tool calls | answer rate | well-formed |"
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines[2:]}
     assert list(rows) == ["all", "math500", "synthetic", "1hop", "2hop"]
     assert rows["all"][0] == "3"
     assert rows["math500"][2] == "-" and rows["math500"][4] == "1.000"  # no EM for math; accuracy 1
     assert rows["synthetic"][2] == "0.250"  # EM
-    assert rows["1hop"][5] == "0.250" and rows["1hop"][-2] == "2.500"  # pass@1, tool calls
+    assert rows["1hop"][5] == "0.250" and rows["1hop"][-3] == "2.500"  # pass@1, tool calls
+    assert rows["math500"][-1] == "-" and rows["synthetic"][-1] == f"{m['eval/synthetic/well_formed']:.3f}"
     json_path, md_path = write_eval(m, tmp_path / "eval")
     assert json.loads(json_path.read_text()) == m
     assert md_path.read_text() == table

@@ -1,0 +1,261 @@
+"""The HotpotQA recipe: SmolLM2-135M-Instruct learns to search, on a CPU.
+
+    seekrl demo --recipe hotpotqa_smollm2 --out runs/hotpotqa      # make demo-hotpotqa
+
+The stages, each the same code as its own command (printed as it runs, so any stage can be rerun
+by hand); a rerun with the same folder skips every stage whose output is complete:
+
+1. index   BM25 over HotpotQA's 14,903 paragraphs (both files)  (seekrl index build --corpus hotpotqa)
+2. split   dev_distractor.jsonl, split by a fixed hash of each row's `_id` (`hotpotqa_split`):
+           `demo.eval_questions` held-out questions (DIR/data/heldout.jsonl; its first
+           `demo.base_questions` are DIR/data/base.jsonl), `demo.check_questions` check questions
+           (DIR/data/check.jsonl), the rest to train on (DIR/data/train.jsonl). SFT and GRPO see
+           only the train file.
+3. teacher the scripted teacher (data/teacher.py, `first_query: question`) plays each train
+           question with the real search tool: the question as its first query, the title of each
+           gold paragraph still missing (the bridge entity) next, then the answer. Episodes whose
+           answer is not the gold answer are dropped (`generate.min_reward`), and so are those
+           whose answer no retrieved passage contains (yes/no answers excepted): the student could
+           only learn to guess from them.                       (seekrl generate, endpoint=teacher)
+4. base    the untrained model on the first held-out questions   (seekrl eval)
+5. sft     the warm start on the teacher's episodes, tool output masked  (seekrl sft)
+6. eval    the SFT model on the held-out questions               (seekrl eval)
+7. grpo    GRPO with search from the SFT checkpoint              (seekrl train)
+8. eval    the GRPO model on the held-out questions, then on the check questions (seekrl eval)
+9. report  DIR/results.json, DIR/results.md (EM, F1, searches per question, well-formed episodes,
+           answer rate; wall time per stage; the GRPO gain over SFT with a paired-bootstrap 95%
+           interval) and DIR/report.html (plots of the GRPO run first)  (seekrl report)
+
+Every run folder (DIR/sft, DIR/grpo) holds its resolved config.yaml, and
+`seekrl eval DIR/grpo/config.yaml model.path=DIR/grpo/checkpoints/step_N/model data.eval=FILE`
+evaluates any HotpotQA-schema file with the stage's tools and format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from seekrl.config import load_config
+
+__all__ = ["run", "hotpotqa_split", "paired_bootstrap", "supported_episode", "DEFAULT_CONFIG", "SPLIT_KEY"]
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
+SPLIT_KEY = "seekrl-hotpotqa-split-v1"  # part of the hash: changing it would change the split
+EVALS = (("base", "base model", "base"), ("sft", "after SFT", "heldout"), ("grpo", "after GRPO", "heldout"),
+         ("check", "after GRPO, check questions", "check"))
+COLUMNS = (("EM", "eval/em"), ("F1", "eval/f1"), ("searches/question", "eval/tool_calls"),
+           ("well-formed", "eval/well_formed"), ("answer rate", "eval/answer_rate"))
+
+
+def hotpotqa_split(rows: list[dict], n_eval: int, n_check: int) -> dict[str, list[dict]]:
+    """{"heldout", "check", "train"}: the rows ordered by sha256(SPLIT_KEY|_id); the first `n_eval`
+    are held out, the next `n_check` are the check set, the rest are for training. The same rows
+    give the same split on any machine and in any order."""
+    if n_eval < 1 or n_check < 0 or n_eval + n_check >= len(rows):
+        raise ValueError(f"cannot hold out {n_eval} + {n_check} of {len(rows)} questions and keep some to train on")
+    ids = [str(r.get("_id") or r.get("id") or "") for r in rows]
+    if "" in ids or len(set(ids)) != len(ids):
+        raise ValueError("every HotpotQA row needs a unique _id to be split")
+    order = sorted(range(len(rows)), key=lambda i: hashlib.sha256(f"{SPLIT_KEY}|{ids[i]}".encode()).hexdigest())
+    chosen = [rows[i] for i in order]
+    return {"heldout": chosen[:n_eval], "check": chosen[n_eval:n_eval + n_check], "train": chosen[n_eval + n_check:]}
+
+
+def supported_episode(row: dict) -> bool:
+    """A teacher episode whose answer a retrieved passage contains (or a yes/no answer)."""
+    from seekrl.rewards.qa import gold_list, normalize_answer
+
+    parts = row.get("reward_parts") or {}
+    if any(v for k, v in parts.items() if k.split("/")[-1] == "retrieved_gold"):
+        return True
+    return any(normalize_answer(g) in ("yes", "no") for g in gold_list(row.get("answer")))
+
+
+def paired_bootstrap(before: list[float], after: list[float], n: int = 10_000, seed: int = 0) -> dict:
+    """Mean of after - before over paired questions, and its 95% percentile interval from `n`
+    resamples of the questions."""
+    import numpy as np
+
+    if len(before) != len(after) or not before:
+        raise ValueError(f"paired bootstrap needs two equal, non-empty lists, got {len(before)} and {len(after)}")
+    d = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, len(d), size=(n, len(d)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(d.mean()), "ci95": [float(lo), float(hi)], "n": len(d), "resamples": n}
+
+
+def _dev_rows() -> list[dict]:
+    """HotpotQA's dev_distractor rows, wherever the builtin name `hotpotqa` resolves (data/loaders.py)."""
+    from seekrl.data.loaders import builtin_rows
+
+    return [row for _, row in builtin_rows("hotpotqa", "dev")]
+
+
+def _scores(eval_dir: Path, key: str = "score/em") -> dict[str, float]:
+    out = {}
+    for line in (eval_dir / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        out[str(rec["task_id"])] = float(rec["metrics"].get(key, 0.0))
+    return out
+
+
+def _write_jsonl(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def _results_markdown(res: dict) -> str:
+    lines = ["# seekrl recipe hotpotqa_smollm2: HotpotQA, BM25 search, greedy", "",
+             "| model | questions | n | " + " | ".join(c for c, _ in COLUMNS) + " |", "|---" * (3 + len(COLUMNS)) + "|"]
+    for row in res["table"]:
+        lines.append("| " + " | ".join(_fmt(v) for v in row.values()) + " |")
+    for name, label in (("grpo_gain", "GRPO over SFT"), ("sft_gain", "SFT over the base model")):
+        g = res.get(name)
+        if g:
+            lines += ["", f"EM gain, {label} (the {'base' if name == 'sft_gain' else 'held-out'} questions, paired bootstrap, {g['resamples']:,} resamples of {g['n']} questions): "
+                      f"**{100 * g['mean']:+.1f} points**, 95% CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]"]
+    lines += ["", "| stage | wall time (s) |", "|---|---|"]
+    lines += [f"| {k} | {v:.0f} |" for k, v in res["stage_seconds"].items()]
+    lines += [f"| total | {sum(res['stage_seconds'].values()):.0f} |", ""]
+    t = res.get("teacher")
+    if t:
+        lines.append(f"Teacher: {t['kept']} SFT episodes kept of {t['episodes']} played ({t['gold']} with the gold answer, "
+                     f"{t['kept']} of them supported by a retrieved passage), {t['searches_per_episode']:.2f} searches per kept episode.")
+    return "\n".join(lines) + "\n"
+
+
+def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[str] = ()) -> dict:
+    """Run every stage (module docstring); returns results.json's content."""
+    from seekrl.evaluate import eval_config
+    from seekrl.generate import generate
+    from seekrl.report import markdown_table_to_html, write_report
+    from seekrl.retrieval.commands import build_index
+    from seekrl.train.rl import train
+    from seekrl.train.sft import sft
+
+    console = Console(stderr=True)
+    out_dir = Path(out)
+    config = str(config or DEFAULT_CONFIG)
+    index_dir, data_dir = out_dir / "index", out_dir / "data"
+    files = {k: data_dir / f"{k}.jsonl" for k in ("train", "heldout", "check", "base")}
+    paths = [f"data.train={files['train']}", f"data.eval={files['heldout']}", f"tools.retriever={index_dir}", f"log.dir={out_dir}"]
+    overrides = list(overrides)
+    cfg0 = load_config(config, paths + overrides + ["tools.format=null"])  # a bad config fails before anything runs
+    d = cfg0.demo
+    timings_path = out_dir / "stage_seconds.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timings: dict = json.loads(timings_path.read_text()) if timings_path.is_file() else {}
+    t0 = time.perf_counter()
+
+    def stage(name: str, command: str) -> None:
+        console.rule(f"[bold]{name}[/bold]  [dim]{time.perf_counter() - t0:.0f}s[/dim]")
+        console.print(f"[dim]$ {command}[/dim]", highlight=False)
+
+    def timed(name: str, fn, *args):
+        start = time.perf_counter()
+        result = fn(*args)
+        timings[name] = round(time.perf_counter() - start, 1)
+        timings_path.write_text(json.dumps(timings, indent=2))
+        return result
+
+    def cmd(*args: str) -> str:
+        return "seekrl " + " ".join(shlex.quote(str(a)) for a in args)
+
+    stage("1. index", cmd("index", "build", "--corpus", "hotpotqa", "--out", index_dir, "--kind", "bm25"))
+    if not (index_dir / "meta.json").is_file():
+        timed("index", build_index, "hotpotqa", str(index_dir), "bm25")
+
+    stage("2. split", f"hotpotqa_split(dev_distractor.jsonl, n_eval={d.eval_questions}, n_check={d.check_questions})")
+    if not all(f.is_file() for f in files.values()):
+        split = hotpotqa_split(_dev_rows(), d.eval_questions, d.check_questions)
+        split["base"] = split["heldout"][:d.base_questions]
+        for k, rows in split.items():
+            _write_jsonl(files[k], rows)
+    counts = {k: sum(1 for _ in f.open(encoding="utf-8")) for k, f in files.items()}
+    console.print(f"split: {counts['train']} train, {counts['heldout']} held-out, {counts['check']} check questions")
+    load_config(config, paths + overrides)  # the tool checks, now that the index exists
+
+    episodes, sft_rows = out_dir / "teacher.jsonl", out_dir / "teacher_sft.jsonl"
+    gen = [*paths, *overrides, "data.eval=null", "generate.endpoint=teacher", f"generate.out={episodes}", f"generate.n={d.teacher_n}"]
+    stage("3. teacher", cmd("generate", config, *gen))
+    if not sft_rows.is_file():
+        timed("teacher", generate, load_config(config, gen))
+        played = [json.loads(x) for p in (episodes, episodes.with_name(episodes.stem + ".rejected.jsonl")) if p.is_file()
+                  for x in p.read_text(encoding="utf-8").splitlines()]
+        gold = [json.loads(x) for x in episodes.read_text(encoding="utf-8").splitlines()]
+        kept = [r for r in gold if supported_episode(r)]
+        _write_jsonl(sft_rows, kept)
+        teacher = {"episodes": len(played), "gold": len(gold), "kept": len(kept),
+                   "searches_per_episode": sum(r["metrics"]["tool_calls"] for r in kept) / max(1, len(kept))}
+        (out_dir / "teacher_counts.json").write_text(json.dumps(teacher, indent=2))
+    teacher = json.loads((out_dir / "teacher_counts.json").read_text())
+    console.print(f"teacher: kept {teacher['kept']} of {teacher['episodes']} episodes "
+                  f"({teacher['gold']} gold answers), {teacher['searches_per_episode']:.2f} searches/episode")
+
+    def evaluate(name: str, model: str, questions: str) -> dict:
+        ev = [*paths, *overrides, f"model.path={model}", f"data.eval={files[questions]}", f"log.name={name}"]
+        stage(f"eval {name}", cmd("eval", config, *ev))
+        result = out_dir / name / "eval" / "eval.json"
+        if not result.is_file():
+            timed(f"eval {name}", eval_config, load_config(config, ev))
+        return json.loads(result.read_text())
+
+    evals = {"base": evaluate("base", cfg0.model.path, "base")}
+
+    sft_over = [*paths, *overrides, f"data.train={sft_rows}", "data.eval=null", "log.name=sft",
+                f"train.steps={d.sft_steps}", f"train.lr={d.sft_lr}", f"rollout.batch_size={d.sft_batch_size}",
+                "train.warmup_steps=5", "train.schedule=cosine", f"train.save_every={max(1, d.sft_steps // 3)}", "train.resume=auto"]
+    sft_model = out_dir / "sft" / "checkpoints" / f"step_{d.sft_steps}" / "model"
+    stage("5. sft", cmd("sft", config, *sft_over))
+    if not (sft_model / "config.json").is_file():
+        timed("sft", sft, load_config(config, sft_over))
+    evals["sft"] = evaluate("sft", str(sft_model), "heldout")
+
+    rl_over = [*paths, *overrides, f"model.path={sft_model}", "data.eval=null", "log.name=grpo", "train.resume=auto"]
+    rl_cfg = load_config(config, rl_over)
+    rl_model = out_dir / "grpo" / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"
+    stage("7. grpo", cmd("train", config, *rl_over))
+    if not (rl_model / "config.json").is_file():
+        timed("grpo", train, rl_cfg)
+    evals["grpo"] = evaluate("grpo", str(rl_model), "heldout")
+    evals["check"] = evaluate("check", str(rl_model), "check")
+
+    table = []
+    for name, label, questions in EVALS:
+        m = evals[name]
+        table.append({"model": label, "questions": questions, "n": int(m.get("eval/count", 0)),
+                      **{col: m.get(key) for col, key in COLUMNS}})
+    scores = {name: _scores(out_dir / name / "eval") for name in ("base", "sft", "grpo")}
+    ids = sorted(scores["sft"])
+    res = {"recipe": "hotpotqa_smollm2", "config": config, "overrides": overrides, "table": table, "evals": evals,
+           "teacher": teacher, "split": counts, "stage_seconds": timings,
+           "grpo_gain": paired_bootstrap([scores["sft"][i] for i in ids], [scores["grpo"][i] for i in ids]),
+           "sft_gain": paired_bootstrap([scores["base"][i] for i in sorted(scores["base"])],
+                                        [scores["sft"][i] for i in sorted(scores["base"])])}
+    md = _results_markdown(res)
+    (out_dir / "results.json").write_text(json.dumps(res, indent=2))
+    (out_dir / "results.md").write_text(md)
+    stage("9. report", cmd("report", out_dir / "grpo", "--out", out_dir / "report.html"))
+    before_after = md.split("\n\n")[1]  # the table
+    report = write_report(out_dir / "grpo", out_dir / "report.html",
+                          title="seekrl recipe: SmolLM2-135M learns to search HotpotQA",
+                          sections=[("Held-out questions before and after each stage (greedy)", markdown_table_to_html(before_after))])
+    print(md, end="")
+    print(f"wrote {out_dir / 'results.json'}, {out_dir / 'results.md'} and {report}", file=sys.stderr)
+    return res

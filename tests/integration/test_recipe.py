@@ -1,0 +1,100 @@
+"""`seekrl demo --recipe hotpotqa_smollm2` end to end at a toy size, a tiny random model standing in
+for SmolLM2: the real HotpotQA index and split, the teacher with the real search tool, SFT, four
+evals, GRPO, results and report; a rerun resumes (every stage skipped); `seekrl eval` on a stage's
+config.yaml reproduces the recipe's own eval; checkpoints load with from_pretrained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from seekrl.cli import main
+
+SMALL = [
+    "model.path=tiny", "model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_vocab=512",
+    "demo.eval_questions=8", "demo.base_questions=4", "demo.check_questions=6",
+    "demo.sft_steps=2", "demo.sft_batch_size=4", "train.steps=2", "train.save_every=1",
+    "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_new_tokens=8",
+    "log.progress=false", "log.tensorboard=false",
+]
+
+
+def _lines(path):
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("recipe") / "hotpotqa"
+    assert main(["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *SMALL]) == 0
+    return out
+
+
+def test_recipe_runs_every_stage(recipe):
+    out = recipe
+    assert json.loads((out / "index" / "meta.json").read_text())["num_docs"] == 14903
+    data = {k: _lines(out / "data" / f"{k}.jsonl") for k in ("train", "heldout", "check", "base")}
+    assert [len(data[k]) for k in ("train", "heldout", "check", "base")] == [1225 - 14, 8, 6, 4]
+    ids = {k: {r["_id"] for r in v} for k, v in data.items()}
+    assert ids["base"] <= ids["heldout"] and not ids["heldout"] & ids["train"] and not ids["check"] & ids["train"]
+    assert not ids["heldout"] & ids["check"]
+
+    # the teacher: only train questions; kept episodes answer the gold answer, supported by a passage
+    kept = _lines(out / "teacher_sft.jsonl")
+    counts = json.loads((out / "teacher_counts.json").read_text())
+    assert counts["episodes"] == len(data["train"]) and counts["kept"] == len(kept) > 0.6 * counts["episodes"]
+    assert {r["id"] for r in kept} <= {r["_id"] for r in data["train"]} or all(r["meta"]["_id"] in ids["train"] for r in kept)
+    assert all(r["reward_parts"]["search_r1/em"] == 1.0 for r in kept)
+    assert all(any(s["masked"] and "<information>" in s["text"] for s in r["segments"]) for r in kept)
+
+    # trained stages: resolved config and from_pretrained-loadable checkpoints
+    from transformers import AutoModelForCausalLM
+
+    for stage in ("sft", "grpo"):
+        assert "tools:" in (out / stage / "config.yaml").read_text()
+        model = AutoModelForCausalLM.from_pretrained(out / stage / "checkpoints" / "step_2" / "model")
+        assert model.config.num_hidden_layers == 1
+
+    res = json.loads((out / "results.json").read_text())
+    assert [(r["model"], r["n"]) for r in res["table"]] == [
+        ("base model", 4), ("after SFT", 8), ("after GRPO", 8), ("after GRPO, check questions", 6)]
+    for row, name in zip(res["table"], ("base", "sft", "grpo", "check")):
+        ev = json.loads((out / name / "eval" / "eval.json").read_text())
+        assert row["EM"] == ev["eval/em"] and row["well-formed"] == ev["eval/well_formed"]
+        assert row["searches/question"] == ev["eval/tool_calls"]
+    g = res["grpo_gain"]
+    assert g["n"] == 8 and g["ci95"][0] <= g["mean"] <= g["ci95"][1]
+    assert g["mean"] == pytest.approx(res["table"][2]["EM"] - res["table"][1]["EM"])
+    assert set(res["stage_seconds"]) == {"index", "teacher", "eval base", "sft", "eval sft", "grpo", "eval grpo", "eval check"}
+    md = (out / "results.md").read_text()
+    assert "95% CI" in md and "| total |" in md and "after GRPO, check questions" in md
+    page = (out / "report.html").read_text()
+    assert page.index("Held-out questions before and after each stage") < page.index("<details")
+
+
+def test_rerun_resumes_and_skips_every_stage(recipe, capsys):
+    before = (recipe / "stage_seconds.json").read_text()
+    results = json.loads((recipe / "results.json").read_text())
+    assert main(["demo", "--recipe", "hotpotqa_smollm2", "--out", str(recipe), *SMALL]) == 0
+    assert (recipe / "stage_seconds.json").read_text() == before  # nothing ran again
+    again = json.loads((recipe / "results.json").read_text())
+    assert again["table"] == results["table"] and again["grpo_gain"] == results["grpo_gain"]
+
+
+def test_eval_on_a_stage_config_reproduces_the_recipe_eval(recipe):
+    model = recipe / "grpo" / "checkpoints" / "step_2" / "model"
+    for stage in ("grpo", "sft"):
+        assert main(["eval", str(recipe / stage / "config.yaml"), f"model.path={model}",
+                     f"data.eval={recipe / 'data' / 'check.jsonl'}", f"log.name=again_{stage}"]) == 0
+        again = json.loads((recipe / f"again_{stage}" / "eval" / "eval.json").read_text())
+        check = json.loads((recipe / "check" / "eval" / "eval.json").read_text())
+        assert {k: again[k] for k in ("eval/em", "eval/f1", "eval/tool_calls", "eval/well_formed", "eval/count")} == \
+               {k: check[k] for k in ("eval/em", "eval/f1", "eval/tool_calls", "eval/well_formed", "eval/count")}
+
+
+def test_unknown_recipe_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--recipe", "nope"])
+    assert e.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err

@@ -1,0 +1,146 @@
+"""The HotpotQA recipe's parts (seekrl/recipes/hotpotqa.py) on the real dev_distractor rows:
+
+- the split: fixed sizes, disjoint, the same for any row order, every row used once;
+- the teacher in `first_query: question` mode over a real BM25 index of the rows' paragraphs:
+  the question first, then only gold titles still missing (the bridge entity), then the gold
+  answer exactly when every gold paragraph came back;
+- which teacher episodes are kept (`supported_episode`), the paired bootstrap, `passage_words`
+  and the `well_formed` eval metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+
+import pytest
+
+from seekrl.data.loaders import builtin_rows, load_tasks
+from seekrl.data.teacher import ScriptedTeacher, gold_titles
+from seekrl.evaluate import score_trajectory, summarize
+from seekrl.generate import run_episode
+from seekrl.recipes.hotpotqa import hotpotqa_split, paired_bootstrap, supported_episode
+from seekrl.retrieval.bm25 import BM25Index
+from seekrl.retrieval.corpus import Document
+from seekrl.retrieval.retriever import LocalRetriever
+from seekrl.rewards import Rubric
+from seekrl.tools.base import ToolRegistry
+from seekrl.tools.executor import ToolExecutor
+from seekrl.tools.parsers import get_format
+from seekrl.tools.search import format_passages, make_search_tool
+from seekrl.types import Task, Trajectory, TrajectoryGroup
+
+SEARCH = re.compile(r"<search>(.*?)</search>", re.S)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return [row for _, row in builtin_rows("hotpotqa")]
+
+
+def test_split_is_fixed_disjoint_and_independent_of_row_order(rows):
+    split = hotpotqa_split(rows, 300, 200)
+    assert [len(split[k]) for k in ("heldout", "check", "train")] == [300, 200, len(rows) - 500] == [300, 200, 725]
+    ids = {k: {r["_id"] for r in v} for k, v in split.items()}
+    assert not (ids["heldout"] & ids["check"]) and not (ids["heldout"] & ids["train"]) and not (ids["check"] & ids["train"])
+    assert set().union(*ids.values()) == {r["_id"] for r in rows}
+    shuffled = rows[:]
+    random.Random(0).shuffle(shuffled)
+    again = hotpotqa_split(shuffled, 300, 200)
+    assert all([r["_id"] for r in again[k]] == [r["_id"] for r in split[k]] for k in split)
+    # a larger held-out set keeps the smaller one's questions (the order is one fixed hash order)
+    assert ids["heldout"] <= {r["_id"] for r in hotpotqa_split(rows, 400, 100)["heldout"]}
+    # both kinds of row (with supporting_facts, and the IRCoT copy's supporting_titles) are in every part
+    for part in split.values():
+        assert any(r.get("supporting_facts") for r in part) and any(r.get("supporting_titles") for r in part)
+    with pytest.raises(ValueError, match="cannot hold out"):
+        hotpotqa_split(rows[:10], 8, 2)
+    with pytest.raises(ValueError, match="unique _id"):
+        hotpotqa_split(rows[:5] + rows[:5], 2, 2)
+
+
+def test_question_first_teacher_searches_the_bridge_entity_and_answers_only_with_both_paragraphs(rows, tmp_path):
+    sample = hotpotqa_split(rows, 300, 200)["train"][:40]
+    docs = {}
+    for r in sample:
+        for title, sentences in r["context"]:
+            docs.setdefault(title, Document.from_title_text(str(len(docs)), title, "".join(sentences)))
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(__import__("json").dumps(r) for r in sample) + "\n")
+    tasks = load_tasks(str(path), template="search_r1")
+    registry = ToolRegistry()
+    registry.register(make_search_tool(LocalRetriever(BM25Index.build(list(docs.values()))), 3, passage_words=40))
+    executor, fmt, rubric = ToolExecutor(registry), get_format("search_r1"), Rubric(["search_r1"])
+    teacher = ScriptedTeacher(tasks, "search_r1", skip_search=0.0, stop_early=0.0, weak_query=0.0, give_up=0.0,
+                              max_turns=2, first_query="question")
+
+    async def go():
+        out = []
+        for task in tasks:
+            ep = await run_episode(task, teacher, fmt, executor, max_turns=2)
+            text = "".join(s["text"] for s in ep["segments"])
+            out.append((task, ep, await rubric.score(text, task, finish_reason=ep["finish_reason"])))
+        return out
+
+    bridged = 0
+    for task, ep, r in asyncio.run(go()):
+        trained = [s["text"] for s in ep["segments"] if not s["masked"]]
+        seen = " ".join(s["text"] for s in ep["segments"] if s["masked"])
+        queries = [q.strip() for t in trained for q in SEARCH.findall(t)]
+        question = task.meta.get("question") or re.search(r"Question:\s*(.+)", task.prompt[-1]["content"]).group(1).strip()
+        assert queries[0] == " ".join(question.split())  # the question as it is, on one line
+        titles = gold_titles(task)
+        for q in queries[1:]:  # later queries: a gold title the earlier results had not brought back
+            assert q in titles
+        bridged += len(queries) > 1
+        found = all(f"(Title: {t})" in seen or f'(Title: "{t}")' in seen for t in titles)
+        assert ep["finish_reason"] == "answered"
+        if found:
+            assert r.parts["search_r1/em"] == 1.0 and r.parts["search_r1/valid_format"] == 1.0
+        # every passage is cut to 40 words of text
+        for line in seen.split("\n"):
+            if line.startswith("Doc "):
+                assert len(line.split(") ", 1)[1].split()) <= 41
+    assert bridged >= 5  # the question alone often misses the second paragraph
+
+
+def test_supported_episode_and_passage_words():
+    ok = {"answer": ["Paris"], "reward_parts": {"search_r1/retrieved_gold": 1.0}}
+    assert supported_episode(ok)
+    assert not supported_episode({"answer": ["Paris"], "reward_parts": {"search_r1/retrieved_gold": 0.0}})
+    assert supported_episode({"answer": ["Yes"], "reward_parts": {"search_r1/retrieved_gold": 0.0}})
+    doc = Document.from_title_text("1", "Paris", "one two three four five six")
+    assert format_passages([(doc, 1.0)], 4) == 'Doc 1(Title: "Paris") one two three four ...'
+    assert format_passages([(doc, 1.0)], 6) == format_passages([(doc, 1.0)]) == 'Doc 1(Title: "Paris") one two three four five six'
+    with pytest.raises(ValueError, match="passage_words"):
+        make_search_tool(LocalRetriever(BM25Index.build([doc])), 1, passage_words=-1)
+
+
+def test_paired_bootstrap():
+    same = paired_bootstrap([0, 1, 1, 0] * 25, [0, 1, 1, 0] * 25)
+    assert same["mean"] == 0.0 and same["ci95"] == [0.0, 0.0] and same["n"] == 100
+    before, after = [0.0] * 300, [0.0] * 270 + [1.0] * 30  # +10 points on 30 of 300 questions
+    g = paired_bootstrap(before, after)
+    assert g["mean"] == pytest.approx(0.1) and 0.06 < g["ci95"][0] < 0.1 < g["ci95"][1] < 0.14
+    assert paired_bootstrap(before, after) == g  # seeded
+    mixed = paired_bootstrap([1.0] * 20 + [0.0] * 280, [0.0] * 20 + [1.0] * 25 + [0.0] * 255)
+    assert mixed["ci95"][0] < 0 < mixed["ci95"][1]  # +5 wins -20 losses +25 wins: not significant
+    with pytest.raises(ValueError):
+        paired_bootstrap([1.0], [1.0, 0.0])
+
+
+def test_well_formed_needs_an_answer_and_no_invalid_turn():
+    task = Task("t", [], answer=["Paris"], source="hotpotqa")
+
+    def traj(finish, invalid):
+        t = Trajectory(task=task, prompt_ids=[1], completion_ids=[2], loss_mask=[1], logprobs=[0.0], versions=[0])
+        t.text, t.finish_reason = "<answer> Paris </answer>", finish
+        t.metrics = {"turns": 2.0, "invalid_actions": float(invalid), "tool_calls": 1.0}
+        return t
+
+    assert score_trajectory(traj("answered", 0), "qa_em")["well_formed"] == 1.0
+    assert score_trajectory(traj("answered", 1), "qa_em")["well_formed"] == 0.0
+    assert score_trajectory(traj("max_turns", 0), "qa_em")["well_formed"] == 0.0
+    m = summarize([TrajectoryGroup(task, [traj("answered", 0)]), TrajectoryGroup(task, [traj("length", 0)])], "qa_em")
+    assert m["eval/well_formed"] == 0.5
