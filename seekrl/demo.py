@@ -45,7 +45,7 @@ from rich.console import Console
 
 from seekrl.config import load_config
 
-__all__ = ["run_demo", "before_after_rows", "DEFAULT_CONFIG"]
+__all__ = ["run_demo", "before_after_rows", "markdown_table", "DEFAULT_CONFIG"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "demo_search.yaml"
 SCOPES = (("all", ""), ("1-hop", "1hop/"), ("2-hop", "2hop/"), ("comparison", "comparison/"))
@@ -67,11 +67,12 @@ def before_after_rows(before: dict, after: dict) -> list[dict]:
     return rows
 
 
-def _markdown(rows: list[dict]) -> str:
+def markdown_table(rows: list[dict]) -> str:
+    """A markdown table of `rows` (the first row's keys are the columns; floats to 3 decimals, None as -)."""
     cols = list(rows[0])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        cells = [f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()]
+        cells = ["-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -197,7 +198,7 @@ def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[
     after = evaluate_model(rl_model, "grpo")
 
     rows = before_after_rows(before, after)
-    table = _markdown(rows)
+    table = markdown_table(rows)
     results = {"before_sft": before, "after_rl": after, "table": rows, "seconds": time.perf_counter() - t0,
                "em_gain_points": 100 * (after["eval/em"] - before["eval/em"])}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))

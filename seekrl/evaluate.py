@@ -133,10 +133,13 @@ def _scope_metrics(gs: list[TrajectoryGroup], scores: dict[int, dict[str, float]
     return out
 
 
-def summarize(groups: list[TrajectoryGroup], primary: str, prefix: str = "eval") -> dict[str, float]:
-    """Metrics over evaluated groups: overall, per source (when several) and per task kind."""
+def summarize(groups: list[TrajectoryGroup], primary: str, prefix: str = "eval",
+              scores: dict[int, dict[str, float]] | None = None) -> dict[str, float]:
+    """Metrics over evaluated groups: overall, per source (when several) and per task kind.
+    `scores` (id(trajectory) -> `score_trajectory`) when the caller has them already."""
     groups = [g for g in groups if g.trajectories]
-    scores = {id(t): score_trajectory(t, primary) for g in groups for t in g.trajectories}
+    if scores is None:
+        scores = {id(t): score_trajectory(t, primary) for g in groups for t in g.trajectories}
     by_source: dict[str, list[TrajectoryGroup]] = defaultdict(list)
     by_kind: dict[str, list[TrajectoryGroup]] = defaultdict(list)
     for g in groups:
@@ -189,12 +192,17 @@ def write_eval(metrics: dict[str, float], folder: str | Path, prefix: str = "eva
 
 async def evaluate(workflow, engine, tasks: list[Task], n: int, params: SamplingParams, primary: str,
                    progress: bool = False) -> tuple[dict, list[TrajectoryGroup]]:
-    """Run `n` samples per task with the training workflow; return (`summarize`'s metrics, the groups)."""
+    """Run `n` samples per task with the training workflow; return (`summarize`'s metrics, the groups,
+    each trajectory's `score_trajectory` added to its metrics as `score/<name>`)."""
     from tqdm import tqdm
 
     with tqdm(total=len(tasks), desc="eval", unit="task", disable=not progress) as bar:
         groups = await collect(workflow, engine, tasks, n, params, progress=bar)
-    return summarize(groups, primary), groups
+    scores = {id(t): score_trajectory(t, primary) for g in groups for t in g.trajectories}
+    for g in groups:  # each sample's own scores in its metrics (its record; paired comparisons of two evals)
+        for t in g.trajectories:
+            t.metrics.update({f"score/{k}": v for k, v in scores[id(t)].items()})
+    return summarize(groups, primary, scores=scores), groups
 
 
 def eval_config(cfg) -> dict[str, float]:
@@ -230,10 +238,6 @@ def eval_config(cfg) -> dict[str, float]:
         finally:
             comp.engine.close()
     json_path, md_path = write_eval(metrics, comp.run_dir)
-    primary = comp.workflow.rubric.names[0]
-    for g in groups:  # each sample's own scores go into its record (paired comparisons of two evals)
-        for t in g.trajectories:
-            t.metrics.update({f"score/{k}": v for k, v in score_trajectory(t, primary).items()})
     samples = comp.run_dir / "trajectories.jsonl"
     write_trajectories(samples, groups, comp.tokenizer)  # every sample, to read the failures
     print(eval_table_markdown(metrics), end="")

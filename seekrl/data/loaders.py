@@ -218,7 +218,7 @@ def _builtin_source(
         tried.append(why)
     raise DataError(
         f"builtin data set {name}:{split} not found: tried {', '.join(tried)}; "
-        f"set {DATA_DIR_ENV}=<folder holding {rel}> or copy the file to {_default_dir(data_dir) / rel}"
+        f"set {DATA_DIR_ENV}=<folder holding {rel}> or copy the file to {resolve_data_dir(data_dir) / rel}"
     )
 
 
@@ -228,15 +228,6 @@ def builtin_rows(name: str, split: str | None = None, data_dir: str | os.PathLik
         raise DataError(f"{name!r} is not a builtin data set; builtins: {', '.join(BUILTINS)}")
     path, _, rows = _builtin_source(name, split, data_dir)
     return rows if rows is not None else read_rows(path)
-
-
-def _default_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """Where a missing file should go: `data_dir`, else the first existing ../shared/data default
-    (else the first default)."""
-    if data_dir:
-        return Path(data_dir)
-    candidates = [c.resolve() for c in _candidate_dirs()]
-    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 # ----------------------------------------------------------------------------- reading rows

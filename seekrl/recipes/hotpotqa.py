@@ -26,6 +26,9 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            answer rate; wall time per stage; the GRPO gain over SFT with a paired-bootstrap 95%
            interval) and DIR/report.html (plots of the GRPO run first)  (seekrl report)
 
+A longer budget is the same command with more steps (`train.steps=40`, `demo.sft_steps=60`): the
+trained stage resumes from its last checkpoint, and the evals after it run again on the new one.
+
 Every run folder (DIR/sft, DIR/grpo) holds its resolved config.yaml, and
 `seekrl eval DIR/grpo/config.yaml model.path=DIR/grpo/checkpoints/step_N/model data.eval=FILE`
 evaluates any HotpotQA-schema file with the stage's tools and format.
@@ -116,15 +119,29 @@ def _write_jsonl(path: Path, rows) -> None:
     tmp.replace(path)
 
 
-def _fmt(v) -> str:
-    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+def _evaluated(eval_dir: Path, model: str, questions: Path) -> bool:
+    """Whether `eval_dir` holds a finished eval of this model on these questions (a rerun with
+    more GRPO or SFT steps evaluates the new checkpoint again)."""
+    import yaml
+
+    if not (eval_dir / "eval.json").is_file() or not (eval_dir / "config.yaml").is_file():
+        return False
+    cfg = yaml.safe_load((eval_dir / "config.yaml").read_text()) or {}
+    return (cfg.get("model") or {}).get("path") == str(model) and (cfg.get("data") or {}).get("eval") == str(questions)
+
+
+def _train_seconds(run_dir: Path) -> float:
+    """The sum of a training run's step times (metrics.jsonl `time/step_s`): its training time
+    across resumes (a stage's wall time counts only its last, uninterrupted attempt)."""
+    from seekrl.observe.loggers import read_metrics
+
+    return round(sum(r.get("time/step_s", 0.0) for r in read_metrics(run_dir)), 1)
 
 
 def _results_markdown(res: dict) -> str:
-    lines = ["# seekrl recipe hotpotqa_smollm2: HotpotQA, BM25 search, greedy", "",
-             "| model | questions | n | " + " | ".join(c for c, _ in COLUMNS) + " |", "|---" * (3 + len(COLUMNS)) + "|"]
-    for row in res["table"]:
-        lines.append("| " + " | ".join(_fmt(v) for v in row.values()) + " |")
+    from seekrl.demo import markdown_table
+
+    lines = ["# seekrl recipe hotpotqa_smollm2: HotpotQA, BM25 search, greedy", "", markdown_table(res["table"]).rstrip()]
     for name, label in (("grpo_gain", "GRPO over SFT"), ("sft_gain", "SFT over the base model")):
         g = res.get(name)
         if g:
@@ -133,6 +150,8 @@ def _results_markdown(res: dict) -> str:
     lines += ["", "| stage | wall time (s) |", "|---|---|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in res["stage_seconds"].items()]
     lines += [f"| total | {sum(res['stage_seconds'].values()):.0f} |", ""]
+    lines += ["Training time across resumes (sum of step times): "
+              + ", ".join(f"{k} {v:.0f} s" for k, v in res["train_seconds"].items()), ""]
     t = res.get("teacher")
     if t:
         lines.append(f"Teacher: {t['kept']} SFT episodes kept of {t['episodes']} played ({t['gold']} with the gold answer, "
@@ -142,6 +161,7 @@ def _results_markdown(res: dict) -> str:
 
 def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[str] = ()) -> dict:
     """Run every stage (module docstring); returns results.json's content."""
+    from seekrl.demo import markdown_table
     from seekrl.evaluate import eval_config
     from seekrl.generate import generate
     from seekrl.report import markdown_table_to_html, write_report
@@ -212,7 +232,8 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         ev = [*paths, *overrides, f"model.path={model}", f"data.eval={files[questions]}", f"log.name={name}"]
         stage(f"eval {name}", cmd("eval", config, *ev))
         result = out_dir / name / "eval" / "eval.json"
-        if not result.is_file():
+        if not _evaluated(result.parent, model, files[questions]):
+            result.unlink(missing_ok=True)
             timed(f"eval {name}", eval_config, load_config(config, ev))
         return json.loads(result.read_text())
 
@@ -245,6 +266,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     ids = sorted(scores["sft"])
     res = {"recipe": "hotpotqa_smollm2", "config": config, "overrides": overrides, "table": table, "evals": evals,
            "teacher": teacher, "split": counts, "stage_seconds": timings,
+           "train_seconds": {name: _train_seconds(out_dir / name) for name in ("sft", "grpo")},
            "grpo_gain": paired_bootstrap([scores["sft"][i] for i in ids], [scores["grpo"][i] for i in ids]),
            "sft_gain": paired_bootstrap([scores["base"][i] for i in sorted(scores["base"])],
                                         [scores["sft"][i] for i in sorted(scores["base"])])}
@@ -252,10 +274,9 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     (out_dir / "results.json").write_text(json.dumps(res, indent=2))
     (out_dir / "results.md").write_text(md)
     stage("9. report", cmd("report", out_dir / "grpo", "--out", out_dir / "report.html"))
-    before_after = md.split("\n\n")[1]  # the table
     report = write_report(out_dir / "grpo", out_dir / "report.html",
                           title="seekrl recipe: SmolLM2-135M learns to search HotpotQA",
-                          sections=[("Held-out questions before and after each stage (greedy)", markdown_table_to_html(before_after))])
+                          sections=[("Held-out questions before and after each stage (greedy)", markdown_table_to_html(markdown_table(table)))])
     print(md, end="")
     print(f"wrote {out_dir / 'results.json'}, {out_dir / 'results.md'} and {report}", file=sys.stderr)
     return res

@@ -66,6 +66,7 @@ def test_recipe_runs_every_stage(recipe):
     g = res["grpo_gain"]
     assert g["n"] == 8 and g["ci95"][0] <= g["mean"] <= g["ci95"][1]
     assert g["mean"] == pytest.approx(res["table"][2]["EM"] - res["table"][1]["EM"])
+    assert set(res["train_seconds"]) == {"sft", "grpo"} and all(v > 0 for v in res["train_seconds"].values())
     assert set(res["stage_seconds"]) == {"index", "teacher", "eval base", "sft", "eval sft", "grpo", "eval grpo", "eval check"}
     md = (out / "results.md").read_text()
     assert "95% CI" in md and "| total |" in md and "after GRPO, check questions" in md
@@ -98,3 +99,19 @@ def test_unknown_recipe_is_one_line(capsys):
         main(["demo", "--recipe", "nope"])
     assert e.value.code == 2
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_more_grpo_steps_continue_from_the_checkpoint_and_evaluate_the_new_model(recipe):
+    """A longer budget: the same command with train.steps=3 resumes GRPO at step 2 and runs the
+    evals after it again on step 3; the stages before it are skipped."""
+    before = json.loads((recipe / "stage_seconds.json").read_text())
+    assert main(["demo", "--recipe", "hotpotqa_smollm2", "--out", str(recipe), *SMALL, "train.steps=3"]) == 0
+    after = json.loads((recipe / "stage_seconds.json").read_text())
+    assert {k: after[k] for k in ("index", "teacher", "eval base", "sft", "eval sft")} == \
+           {k: before[k] for k in ("index", "teacher", "eval base", "sft", "eval sft")}
+    steps = [r["step"] for r in _lines(recipe / "grpo" / "metrics.jsonl") if "reward/mean" in r]
+    assert steps == [1, 2, 3]
+    for name in ("grpo", "check"):
+        assert "step_3/model" in (recipe / name / "eval" / "config.yaml").read_text()
+    res = json.loads((recipe / "results.json").read_text())
+    assert res["evals"]["grpo"] == json.loads((recipe / "grpo" / "eval" / "eval.json").read_text())
