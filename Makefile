@@ -32,7 +32,9 @@ demo-hotpotqa: $(STAMP)
 demo-tiny: $(STAMP)
 	$(BIN)/seekrl train examples/tiny_grpo.yaml
 
+# the architecture contract (.importlinter: layers, no cycles), then every test
 test: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest tests
 
 bench: $(STAMP)

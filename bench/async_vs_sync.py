@@ -72,10 +72,11 @@ class ToolLatency:
 
 
 def run_arm(name: str, overrides: list[str], args, out_dir: Path) -> dict:
+    from seekrl.build import build_rl
     from seekrl.config import load_config
-    from seekrl.observe.loggers import read_metrics
-    from seekrl.train.rl import _train, build
     from seekrl.engines.launch import terminate_as_exit
+    from seekrl.observe.loggers import read_metrics
+    from seekrl.train import rl
 
     cfg = load_config(args.config, [*args.set,
         f"train.steps={args.steps}", f"log.dir={out_dir}", f"log.name={name}", "log.progress=false", "log.tensorboard=false",
@@ -84,12 +85,12 @@ def run_arm(name: str, overrides: list[str], args, out_dir: Path) -> dict:
     ])
     t0 = time.perf_counter()
     with terminate_as_exit():
-        c = build(cfg)
+        c = build_rl(cfg)
         c.rollout.workflow = ToolLatency(c.workflow, args.latency, args.seed)
         try:
-            asyncio.run(_train(c))
+            asyncio.run(rl.run(c))
         finally:
-            c.engine.close()
+            c.close()
     wall = time.perf_counter() - t0
     rows = [r for r in read_metrics(out_dir / name) if r["step"] > 0]
     elapsed, moving, reached = 0.0, [], None

@@ -164,9 +164,10 @@ def versions() -> dict:
 def run_seekrl(a: argparse.Namespace) -> dict:
     import asyncio
 
+    from seekrl.build import build_rl
     from seekrl.config import load_config
     from seekrl.rewards.rubric import register_reward
-    from seekrl.train.rl import build, rl_step
+    from seekrl.train.rl import rl_step
 
     register_reward("bench_digits")(seekrl_reward)
     steps = a.warmup + a.steps
@@ -185,7 +186,7 @@ def run_seekrl(a: argparse.Namespace) -> dict:
         f"log.dir={log_dir}", "log.name=bench", "log.progress=false", "log.tensorboard=false", "log.samples_every=0",
         *a.set,
     ])
-    comp = build(cfg)
+    comp = build_rl(cfg)
     prompt_lens = [len(comp.workflow.prompt_ids(t)) for t in comp.tasks.train]
 
     profiler = None

@@ -41,21 +41,23 @@ def _bytes(tensors) -> int:
 def worker(args) -> None:
     import torch
 
+    from seekrl.build import policy_trainer
     from seekrl.config import Config
     from seekrl.models import load_model
     from seekrl.observe.stats import StatsTracker
     from seekrl.parallel.fsdp import shard_model
     from seekrl.parallel.ranks import init_ranks
-    from seekrl.train.policy import PolicyTrainer
+    from seekrl.train.batch import TokenBatch, pad_completion
+    from seekrl.train.batching import FORWARD_METHODS
     from seekrl.types import Task, Trajectory
 
     torch.set_num_threads(args.threads)
     cfg = Config()
     cfg.train.lr, cfg.train.micro_batch_tokens = 1e-6, args.micro_batch_tokens
-    ranks = init_ranks(cfg)
+    ranks = init_ranks(cfg.train.dist_backend, cfg.train.fsdp, cfg.train.dist_timeout_s)
     texts = ["the quick brown fox jumps over the lazy dog " * 4]
     model, tok = load_model(args.model, tiny_texts=texts, tiny_hidden=256, tiny_layers=4, tiny_vocab=512)
-    model = shard_model(model, ranks, "fp32")
+    model = shard_model(model, ranks, "fp32", FORWARD_METHODS)
     rng = random.Random(0)
     vocab = min(model.config.vocab_size, 30000)
     trajs = []
@@ -66,11 +68,13 @@ def worker(args) -> None:
             n = args.completion
             trajs.append(Trajectory(task, prompt, [rng.randrange(10, vocab) for _ in range(n)], [1] * n, [-2.0] * n, [0] * n))
     adv = [[rng.uniform(-1, 1)] * len(t.completion_ids) for t in trajs]
-    trainer = PolicyTrainer(model, cfg, tok.pad_token_id, args.steps, ranks=ranks)
+    trainer = policy_trainer(cfg, model, tok.pad_token_id, total_steps=args.steps, ranks=ranks)
+    batch = TokenBatch.from_trajectories(trajs)
+    batch.old_logp_BC, batch.adv_BC = batch.behav_logp_BC, pad_completion(adv, batch.width)
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        trainer.update(trajs, adv, [t.logprobs for t in trajs], None, 0.0, StatsTracker())
+        trainer.update(batch, StatsTracker())
         times.append(time.perf_counter() - t0)
     state = {
         "params": _bytes(model.parameters()),

@@ -84,10 +84,11 @@ def count_flops(model, trajs) -> dict:
 def measure(name: str, args) -> dict:
     import torch
 
+    from seekrl.build import policy_trainer
     from seekrl.config import Config
     from seekrl.models import load_model
     from seekrl.observe.stats import StatsTracker
-    from seekrl.train.policy import PolicyTrainer
+    from seekrl.train.batch import TokenBatch, pad_completion
     from seekrl.types import Task, Trajectory
 
     texts = ["the quick brown fox jumps over the lazy dog " * 4]
@@ -105,13 +106,15 @@ def measure(name: str, args) -> dict:
             n = args.completion
             trajs.append(Trajectory(task, prompt, [rng.randrange(10, vocab) for _ in range(n)], [1] * n, [-2.0] * n, [0] * n))
     adv = [[rng.uniform(-1, 1)] * len(t.completion_ids) for t in trajs]
-    trainer = PolicyTrainer(model, cfg, tok.pad_token_id, args.steps + 1)
+    trainer = policy_trainer(cfg, model, tok.pad_token_id, total_steps=args.steps + 1)
+    batch = TokenBatch.from_trajectories(trajs)
+    batch.old_logp_BC, batch.adv_BC = batch.behav_logp_BC, pad_completion(adv, batch.width)
     times = []
     for i in range(args.steps + 1):
         if args.device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        trainer.update(trajs, adv, [t.logprobs for t in trajs], None, 0.0, StatsTracker())
+        trainer.update(batch, StatsTracker())
         if args.device == "cuda":
             torch.cuda.synchronize()
         if i:  # the first is a warm-up

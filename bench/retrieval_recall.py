@@ -4,7 +4,7 @@
     python bench/retrieval_recall.py --limit 300 --dense-kind hnsw
     python bench/retrieval_recall.py --dense-index /tmp/hotpotqa-dense   # reuse (or cache) the embeddings
 
-Corpus: the 14,903 distinct paragraphs of HotpotQA dev (seekrl.retrieval.corpus.hotpotqa_corpus);
+Corpus: the 14,903 distinct paragraphs of HotpotQA dev (seekrl.data.corpus.hotpotqa_corpus);
 queries: the dev questions as they are (no rewriting). Gold paragraphs: the titles in
 `supporting_facts` (or `supporting_titles`, 302 rows); a retrieved paragraph counts when its
 title is a gold title. For k in 1, 3, 5:
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from seekrl.data import resolve_data_dir  # noqa: E402
-from seekrl.retrieval.corpus import hotpotqa_corpus, hotpotqa_gold_titles  # noqa: E402
+from seekrl.data.corpus import hotpotqa_corpus, hotpotqa_gold_titles  # noqa: E402
 
 KS = (1, 3, 5)
 

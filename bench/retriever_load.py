@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.retrieval_recall import machine  # noqa: E402
 from seekrl.data import resolve_data_dir  # noqa: E402
-from seekrl.retrieval.corpus import hotpotqa_corpus  # noqa: E402
+from seekrl.data.corpus import hotpotqa_corpus  # noqa: E402
 
 TOPK = 3
 

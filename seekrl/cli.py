@@ -50,27 +50,12 @@ def _limit_malloc_arenas() -> None:
 
 _limit_malloc_arenas()
 
-from seekrl.config import SECTIONS, Config, ConfigError, field_docs, load_config
+from seekrl.servers.flags import engine_flags, index_flags, policy_flags  # noqa: E402 (after the malloc setting)
+
+__all__ = ["main", "parser"]
 
 
-def engine_server_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of `seekrl serve engine` (also `python -m seekrl.servers.engine`)."""
-    p.add_argument("--model", required=True, help="model folder (safetensors + config.json), 'tiny', 'smollm2' or a .gguf file")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--token", default=None, help="require this bearer token (default: the variable named by --token-env)")
-    p.add_argument("--token-env", default="SEEKRL_ENGINE_TOKEN", help="environment variable holding the token (default: SEEKRL_ENGINE_TOKEN)")
-    p.add_argument("--max-batch-size", type=int, default=64, help="most sequences sampled in one batch")
-    p.add_argument("--seed", type=int, default=0, help="seed of the engine's sampler (requests with sampling_seed use their own)")
-    p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body, in MB")
-    p.add_argument("--max-prompts-per-request", type=int, default=256, help="more prompts in one /generate is a 413")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--compile", default="auto", choices=("auto", "true", "false"),
-                   help="decode over a static KV cache (auto: compiled on CUDA only), compiled (true), or a growing cache (false)")
-
-
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seekrl", description="Train language models to reason and use tools with RL.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     t = sub.add_parser("train", help="run (or resume) RL training: GRPO, Dr. GRPO, RLOO, REINFORCE++, PPO")
@@ -107,22 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--dense-kind", choices=("flat", "hnsw"), default="flat", help="faiss index for --kind dense")
     sv = sub.add_parser("serve", help="serve an engine (SGLang's RL API), a policy (OpenAI API), a retriever or MCP search")
     svs = sv.add_subparsers(dest="serve_command", metavar="WHAT", required=True)
-    engine_server_flags(svs.add_parser("engine", help="SGLang's native RL API (/generate, /update_weights_from_disk, pause/continue, abort) over a model"))
-    pol = svs.add_parser("policy", help="an OpenAI-compatible /v1/chat/completions and /v1/completions server over a model")
-    pol.add_argument("--model", required=True, help="model folder (e.g. a checkpoint's model/), .gguf file, or smollm2")
-    pol.add_argument("--host", default="127.0.0.1")
-    pol.add_argument("--port", type=int, default=8002)
-    pol.add_argument("--token", default=None, help="require this bearer token (default: $SEEKRL_POLICY_TOKEN)")
-    pol.add_argument("--max-prompts-per-request", type=int, default=64, help="more prompts in one request is a 413")
-    pol.add_argument("--max-completions-per-request", type=int, default=256, help="more prompts x n in one request is a 400")
-    for name, port, text in (("retriever", 8000, "POST /retrieve, GET /health"), ("mcp", 8001, "an MCP server with a search tool")):
-        q = svs.add_parser(name, help=text)
-        q.add_argument("--index", required=True, help="index folder (seekrl index build)")
-        q.add_argument("--host", default="127.0.0.1")
-        q.add_argument("--port", type=int, default=port)
-        q.add_argument("--token", default=None, help="require this bearer token")
-        if name == "mcp":
-            q.add_argument("--stdio", action="store_true", help="speak MCP over stdin/stdout instead of HTTP")
+    engine_flags(svs.add_parser("engine", help="SGLang's native RL API (/generate, /update_weights_from_disk, pause/continue, abort) over a model"))
+    policy_flags(svs.add_parser("policy", help="an OpenAI-compatible /v1/chat/completions and /v1/completions server over a model"))
+    index_flags(svs.add_parser("retriever", help="POST /retrieve, GET /health"), "retriever")
+    index_flags(svs.add_parser("mcp", help="an MCP server with a search tool"), "mcp")
     c = sub.add_parser("config", help="print the resolved config, or the reference of every key")
     c.add_argument("config", nargs="?")
     c.add_argument("overrides", nargs="*")
@@ -133,26 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def reference_markdown() -> str:
-    """The config reference table (README.md embeds it)."""
-    default = Config()
-    lines = ["| key | default | meaning |", "|---|---|---|"]
-    for name, cls in SECTIONS.items():
-        docs = field_docs(cls)
-        for key, doc in docs.items():
-            value = getattr(getattr(default, name), key)
-            doc = doc.replace("|", "\\|")
-            lines.append(f"| `{name}.{key}` | `{json.dumps(value)}` | {doc} |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.command is None:
-        _parser().print_help()
+        parser().print_help()
         return 0
-    from seekrl.data.converters import DataError
-    from seekrl.engines.errors import EngineRequestError, EngineUnavailable
+    from seekrl.errors import SeekrlError
 
     try:
         if args.command == "index":
@@ -163,24 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             if args.serve_command == "engine":
                 from seekrl.servers.engine import run_from_args
-
-                run_from_args(args)
             elif args.serve_command == "policy":
-                from seekrl.servers.policy import serve_policy
-
-                serve_policy(args.model, host=args.host, port=args.port, token=args.token,
-                             max_prompts_per_request=args.max_prompts_per_request,
-                             max_completions_per_request=args.max_completions_per_request)
+                from seekrl.servers.policy import run_from_args
             elif args.serve_command == "retriever":
-                from seekrl.retrieval.commands import serve_retriever
-
-                serve_retriever(args.index, host=args.host, port=args.port, token=args.token)
+                from seekrl.servers.retrieval import run_from_args
             else:
-                from seekrl.servers.mcp import serve_mcp
-
-                serve_mcp(args.index, host=args.host, port=args.port, token=args.token, transport="stdio" if args.stdio else "http")
+                from seekrl.servers.mcp import run_from_args
+            run_from_args(args)
             return 0
         if args.command == "config":
+            from seekrl.config import load_config, reference_markdown
+
             if args.reference:
                 print(reference_markdown())
             else:
@@ -205,30 +157,28 @@ def main(argv: list[str] | None = None) -> int:
 
             run_demo(args.out or "runs/demo", args.config, args.overrides)
             return 0
+        from seekrl.config import load_config
+
         cfg = load_config(args.config, args.overrides)
         if args.command == "train":
+            from seekrl.jobs import train
             from seekrl.parallel.ranks import rank_errors
-            from seekrl.train.rl import train
 
             with rank_errors():  # under torchrun: one line naming the failed rank
                 run_dir = train(cfg)
             print(f"run folder: {run_dir}", file=sys.stderr)
         elif args.command == "launch":
-            from seekrl.cluster.ray_launch import LaunchError, launch
+            from seekrl.cluster.ray_launch import launch
 
-            try:
-                run_dir = launch(cfg)
-            except LaunchError as e:  # a rank failed (named), Ctrl-C, no room on the cluster, no Ray
-                print(f"seekrl: error: {e}", file=sys.stderr)
-                return e.status
+            run_dir = launch(cfg)  # a LaunchError: a rank failed (named), Ctrl-C, no room on the cluster, no Ray
             print(f"run folder: {run_dir}", file=sys.stderr)
         elif args.command == "sft":
-            from seekrl.train.sft import sft
+            from seekrl.jobs import sft
 
             run_dir = sft(cfg)
             print(f"run folder: {run_dir}", file=sys.stderr)
         elif args.command == "generate":
-            from seekrl.generate import generate
+            from seekrl.jobs import generate
 
             counts = generate(cfg)
             print(json.dumps(counts), file=sys.stderr)
@@ -236,15 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"seekrl: error: every episode failed; first error: {counts.get('first_error')}", file=sys.stderr)
                 return 1
         elif args.command == "eval":
-            from seekrl.evaluate import eval_config
+            from seekrl.jobs import evaluate
 
-            eval_config(cfg)
-    except (ConfigError, DataError) as e:
+            evaluate(cfg)
+    except SeekrlError as e:  # bad input (exit 2), a dead or misconfigured engine server (1): errors.py
         print(f"seekrl: error: {e}", file=sys.stderr)
-        return 2
-    except (EngineUnavailable, EngineRequestError) as e:  # a dead or misconfigured engine server
-        print(f"seekrl: error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_status
     except (ValueError, FileNotFoundError) as e:
         if args.command not in ("index", "serve"):  # bad input to those is reported; elsewhere a bug shows its traceback
             raise

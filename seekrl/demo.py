@@ -88,10 +88,10 @@ def _write_background(path: Path, world_dir: Path, bg_dir: Path, d, config: str,
     episodes on its questions, played flawlessly with the real search tool over its own index,
     every token trained (observations too: this is reading, not imitation). Passages and episodes
     that name an entity of the demo world (names from two seeds can coincide) are left out."""
+    from seekrl.data.corpus import corpus_text_rows
     from seekrl.data.synthetic import make_world
-    from seekrl.generate import generate
+    from seekrl.jobs import generate
     from seekrl.retrieval.commands import build_index
-    from seekrl.retrieval.corpus import corpus_text_rows
 
     demo_names = _demo_names_pattern(world_dir)
     world = make_world(seed=d.world_seed + 1, n_entities=d.pretrain_entities, n_questions=d.pretrain_episodes,
@@ -123,12 +123,10 @@ def _write_background(path: Path, world_dir: Path, bg_dir: Path, d, config: str,
 def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[str] = ()) -> dict:
     """Run every stage (module docstring); returns the before/after metrics."""
     from seekrl.data.synthetic import make_world
-    from seekrl.evaluate import eval_config, eval_table_markdown
-    from seekrl.generate import generate
+    from seekrl.evaluate import eval_table_markdown
+    from seekrl.jobs import evaluate, generate, sft, train
     from seekrl.report import markdown_table_to_html, write_report
     from seekrl.retrieval.commands import build_index
-    from seekrl.train.rl import train
-    from seekrl.train.sft import sft
 
     console = Console(stderr=True)
     out_dir = Path(out)
@@ -187,7 +185,7 @@ def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[
     def evaluate_model(model: Path, name: str) -> dict:
         ev = [*paths, *overrides, f"model.path={model}", f"log.name={name}"]
         stage(f"eval {name}", cmd("eval", config, *ev))
-        return eval_config(load_config(config, ev))
+        return evaluate(load_config(config, ev))
 
     before = evaluate_model(sft_model, "sft")
     rl_over = [*paths, *overrides, f"model.path={sft_model}", "log.name=grpo", "train.resume=auto"]

@@ -39,15 +39,40 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from math import comb
 from pathlib import Path
+from typing import Annotated, Any
 
+from seekrl.engines.base import InferenceEngine
+from seekrl.errors import ConfigError
 from seekrl.rewards.math import extract_boxed, math_accuracy
 from seekrl.rewards.qa import exact_match, extract_answer, f1_score, gold_list
-from seekrl.rollout import collect, stable_seed
-from seekrl.types import SamplingParams, Task, Trajectory, TrajectoryGroup
+from seekrl.rollout import collect
+from seekrl.rollout.base import Workflow
+from seekrl.schema import Range
+from seekrl.types import MIN_TEMPERATURE, SamplingParams, Task, Trajectory, TrajectoryGroup
+
+__all__ = ["EvalConfig", "EvalRun", "run", "evaluate", "summarize", "score_trajectory", "final_answer", "is_math_task",
+           "pass_at_k", "pass_ks", "eval_table_markdown", "write_eval", "MATH_SOURCE_MARKERS"]
 
 MATH_SOURCE_MARKERS = ("gsm8k", "math", "aime", "amc")
+
+
+@dataclass
+class EvalConfig:
+    """The `eval:` config section: when and how the RL loop (and `seekrl eval`) evaluates."""
+
+    every: int = 0
+    """Evaluate every N steps (0: only before and after training when data.eval is set)."""
+    temperature: Annotated[float, Range(ge=0, hint="0: greedy")] = 0.0
+    """Evaluation sampling temperature (0: greedy)."""
+    n: Annotated[int, Range(ge=1)] = 1
+    """Samples per eval task (pass@k uses them)."""
+
+    def check(self) -> None:
+        if 0 < self.temperature < MIN_TEMPERATURE:  # float32 cannot sample there: NaN log-probs
+            raise ConfigError(f"eval.temperature: {self.temperature} is too small to sample with; use 0 (greedy) or at least {MIN_TEMPERATURE}")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -190,7 +215,7 @@ def write_eval(metrics: dict[str, float], folder: str | Path, prefix: str = "eva
     return json_path, md_path
 
 
-async def evaluate(workflow, engine, tasks: list[Task], n: int, params: SamplingParams, primary: str,
+async def evaluate(workflow: Workflow, engine: InferenceEngine, tasks: list[Task], n: int, params: SamplingParams, primary: str,
                    progress: bool = False) -> tuple[dict, list[TrajectoryGroup]]:
     """Run `n` samples per task with the training workflow; return (`summarize`'s metrics, the groups,
     each trajectory's `score_trajectory` added to its metrics as `score/<name>`)."""
@@ -205,41 +230,38 @@ async def evaluate(workflow, engine, tasks: list[Task], n: int, params: Sampling
     return summarize(groups, primary, scores=scores), groups
 
 
-def eval_config(cfg) -> dict[str, float]:
-    """`seekrl eval`: evaluate `model.path` on `data.eval` with the config's workflow (and tools).
+@dataclass
+class EvalRun:
+    """What `seekrl eval` runs on, assembled by seekrl.build.build_eval: no optimizer, no critic."""
 
-    Writes runs/<name>/eval/ (eval.json, eval.md, trajectories.jsonl with every sample), prints
-    the markdown table and returns the metrics.
-    """
+    run_dir: Path  # runs/<name>/eval/
+    tasks: list[Task]
+    workflow: Workflow
+    engine: InferenceEngine
+    tokenizer: Any
+    n: int  # samples per task (eval.n)
+    params: SamplingParams  # eval.temperature, seeded by stable_seed(train.seed, "eval")
+    primary_reward: str
+    progress: bool
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def run(ev: EvalRun) -> dict[str, float]:
+    """`seekrl eval`: evaluate with the training workflow; write eval.json, eval.md and
+    trajectories.jsonl (every sample, to read the failures) into the run's eval/ folder, print the
+    markdown table and return the metrics."""
     import asyncio
     import sys
 
-    from seekrl.config import ConfigError
     from seekrl.observe.samples import write_trajectories
-    from seekrl.train.rl import build
-    from seekrl.train.setup import sampling_params
 
-    if not cfg.data.eval:
-        raise ConfigError("data.eval is not set; name the tasks to evaluate (e.g. data.eval=gsm8k:test)")
-    # runs/<name>/eval/: next to the training run's files, never over its config.yaml
-    cfg.log.dir, cfg.log.name = str(Path(cfg.log.dir) / (cfg.log.name or "run")), "eval"
-    # nothing is trained: the train tasks are the eval tasks, so a stage's config evaluates as it
-    # is, whatever its data.train held (an SFT run's chat rows are not tasks)
-    cfg.data.train, cfg.data.max_train = cfg.data.eval, cfg.data.max_eval
-    from seekrl.engines.launch import terminate_as_exit
-
-    with terminate_as_exit():
-        comp = build(cfg)
-        try:
-            params = sampling_params(cfg, comp.tokenizer, temperature=cfg.eval.temperature,  # as train.rl.run_eval
-                                     seed=stable_seed(cfg.train.seed, "eval"))
-            metrics, groups = asyncio.run(evaluate(comp.workflow, comp.engine, comp.tasks.eval, cfg.eval.n, params,
-                                                   comp.workflow.rubric.names[0], progress=cfg.log.progress))
-        finally:
-            comp.engine.close()
-    json_path, md_path = write_eval(metrics, comp.run_dir)
-    samples = comp.run_dir / "trajectories.jsonl"
-    write_trajectories(samples, groups, comp.tokenizer)  # every sample, to read the failures
+    metrics, groups = asyncio.run(evaluate(ev.workflow, ev.engine, ev.tasks, ev.n, ev.params, ev.primary_reward,
+                                           progress=ev.progress))
+    json_path, md_path = write_eval(metrics, ev.run_dir)
+    samples = ev.run_dir / "trajectories.jsonl"
+    write_trajectories(samples, groups, ev.tokenizer)
     print(eval_table_markdown(metrics), end="")
     print(f"wrote {json_path}, {md_path} and {samples}", file=sys.stderr)
     return metrics

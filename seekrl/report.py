@@ -29,6 +29,8 @@ from typing import Any, Iterable, Sequence
 
 from seekrl.observe.loggers import METRICS_FILE, read_metrics
 
+__all__ = ["write_report", "write_trajectories_page", "table_html", "markdown_table_to_html", "segments_html", "NotARunFolder"]
+
 MAX_SAMPLES = 20  # trajectories shown per step file
 MASKED_LABEL = "tool output — masked from loss"
 

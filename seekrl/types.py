@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["Task", "SamplingParams", "Completion", "Trajectory", "TrajectoryGroup", "MIN_TEMPERATURE"]
+
 
 @dataclass(frozen=True)
 class Task:

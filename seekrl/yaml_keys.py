@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import yaml
 
+__all__ = ["UniqueKeyLoader", "DuplicateKeyError"]
+
 
 class DuplicateKeyError(yaml.YAMLError):
     """A YAML mapping that holds one key twice (YAML forbids it; plain safe_load keeps the last)."""

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import torch
 
+from seekrl.algo.config import KL_KINDS
+
 __all__ = [
     "group_advantages",
     "reinforce_pp_advantages",
@@ -46,7 +48,6 @@ __all__ = [
     "KL_KINDS",
 ]
 
-KL_KINDS = ("k1", "k2", "k3")
 
 
 def _check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:

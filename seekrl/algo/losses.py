@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from seekrl.algo.advantages import kl_estimate
+from seekrl.algo.config import AGG_MODES
 
 __all__ = [
     "AGG_MODES",
@@ -45,7 +46,6 @@ __all__ = [
     "kl_loss",
 ]
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def _check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:

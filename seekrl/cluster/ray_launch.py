@@ -8,8 +8,8 @@ In order, every wait bounded by `cluster.timeout_s`:
 1. The config was loaded and checked by the CLI (a ConfigError ends it before Ray starts); here the
    engine token is resolved and a local Ray's CPUs / GPUs are checked against what the job asks.
 2. With `cluster.engine_servers`: the policy's initial weights and tokenizer are written to
-   `<run>/engine/weights/v0`, built as the trainer builds them (a tiny model's tokenizer is trained
-   on the task texts, so it must come from the same tasks and seed).
+   `<run>/engine/weights/v0`, built as the trainer builds them (`build.write_initial_weights`: a
+   tiny model's tokenizer is trained on the task texts, so it must come from the same tasks and seed).
 3. Ray starts in this process (`cluster.address=local`) or is joined (`auto`, `ray://host:port`);
    `cluster.runtime_env` is the job's runtime_env.
 4. Engine servers: one placement group bundle and one `EngineServer` actor each; the actor starts
@@ -20,7 +20,7 @@ In order, every wait bounded by `cluster.timeout_s`:
    each holding `trainer_ranks / num_nodes` `TrainerRank` actors, so a bundle's ranks share a
    node and LOCAL_RANK is their index in it. Rank 0 reports its node IP and a free port (the
    rendezvous); every rank sets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
-   LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and runs `seekrl.train.rl.train` in-process on the
+   LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and runs `seekrl.jobs.train` in-process on the
    config with `engine.kind=remote` and `engine.urls` set to the servers (when there are any).
    Ranks of one node with one GPU each all see the node's GPUs, in local-rank order, as torchrun's
    processes do (the trainer picks `cuda:LOCAL_RANK`).
@@ -42,20 +42,14 @@ import signal
 import sys
 from pathlib import Path
 
-from seekrl.config import Config, ConfigError
+from seekrl.build import run_folder, sampler_settings, write_initial_weights
+from seekrl.config import Config
+from seekrl.errors import ConfigError, LaunchError, SeekrlError
 
-__all__ = ["LaunchError", "launch", "write_initial_weights"]
+__all__ = ["LaunchError", "launch"]
 
 POLL_S = 1.0  # how often the driver looks at the ranks and metrics.jsonl
 STOP_S = 30.0  # longest wait for an engine actor to stop its server before it is killed
-
-
-class LaunchError(RuntimeError):
-    """The job failed; the message is one line, `status` the exit status (2: bad input)."""
-
-    def __init__(self, message: str, status: int = 1):
-        super().__init__(message)
-        self.status = status
 
 
 def require_ray():
@@ -68,24 +62,7 @@ def require_ray():
 
 def run_dir_of(cfg: Config) -> Path:
     """The run folder, as `seekrl train` names it."""
-    from seekrl.train.setup import prepare_run_dir
-
-    return prepare_run_dir(cfg, write=False)
-
-
-def write_initial_weights(cfg: Config, run_dir: str | os.PathLike) -> Path:
-    """`<run>/engine/weights/v0`: the policy the trainer starts from (train/rl.py build(): the task
-    sets give a tiny model's tokenizer its texts, seeded by train.seed), built on this process's CPU."""
-    from seekrl.engines.weights import write_weights
-    from seekrl.train.rl import seed_everything
-    from seekrl.train.setup import load_policy, load_task_sets
-
-    cpu = copy.deepcopy(cfg)
-    cpu.model.device = "cpu"  # the same weights; the GPUs are the servers' and the ranks'
-    tasks = load_task_sets(cfg)
-    seed_everything(cfg.train.seed)
-    model, tokenizer = load_policy(cpu, tasks.tiny_texts)
-    return write_weights(model, Path(run_dir) / "engine" / "weights", 0, tokenizer=tokenizer)
+    return run_folder(cfg, write=False)
 
 
 def check_local_resources(cfg: Config) -> None:
@@ -167,7 +144,7 @@ class EngineServer:
         from seekrl.engines.setup import server_command
 
         host = ray.util.get_node_ip_address()  # reachable from the other nodes, unlike 127.0.0.1
-        cmd = server_command(cfg, model_dir, free_port(host), token, host=host)  # gpus: the actor's, from Ray
+        cmd = server_command(cfg.engine, model_dir, free_port(host), token, sampler_settings(cfg), host=host)  # gpus: the actor's
         log_dir = run_dir_of(cfg) / "engine" / f"server_{index}"
         self.group = ServerGroup.start([cmd], log_dir, health_path=get_api(cfg.engine.api).health.path,
                                        timeout_s=cfg.cluster.timeout_s, token=token)
@@ -194,7 +171,7 @@ class TrainerRank:
 
     def train(self, cfg: Config, env: dict[str, str]) -> str:
         os.environ.update(env)
-        from seekrl.train.rl import train
+        from seekrl.jobs import train
 
         return str(train(cfg))
 
@@ -204,14 +181,13 @@ def launch(cfg: Config) -> Path:
     """Run the job `cfg` describes (module docstring); return the run folder. Raises LaunchError
     (a rank failed, Ctrl-C, no room on the cluster) and ConfigError / DataError (bad input, before
     Ray starts)."""
-    from seekrl.config_checks import validate
     from seekrl.engines.setup import engine_token
 
     c = cfg.cluster
-    token = engine_token(cfg)
+    token = engine_token(cfg.engine)
     check_local_resources(cfg)
     if c.engine_servers:  # what the ranks will run (remote on the servers' URLs) must pass the checks too
-        validate(rank_config(cfg, [f"http://server-{i}:0" for i in range(c.engine_servers)]))
+        rank_config(cfg, [f"http://server-{i}:0" for i in range(c.engine_servers)]).check()
     ray = require_ray()
     run_dir = run_dir_of(cfg)
     initial = write_initial_weights(cfg, run_dir) if c.engine_servers else None
@@ -419,12 +395,11 @@ def failure(e: BaseException) -> tuple[str, int]:
     """One line for what ended an actor's call, and the exit status (2 for bad input, as the CLI)."""
     from ray.exceptions import RayActorError, RayTaskError
 
-    from seekrl.data.converters import DataError
 
     if isinstance(e, RayTaskError):
         cause = getattr(e, "cause", None) or e
         first = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), "")
-        status = 2 if isinstance(cause, (ConfigError, DataError)) else 1
+        status = cause.exit_status if isinstance(cause, SeekrlError) else 1
         return f"{type(cause).__name__}: {first}" if first else type(cause).__name__, status
     if isinstance(e, RayActorError):
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")

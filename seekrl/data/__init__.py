@@ -8,7 +8,6 @@ prompts from templates, and iterate over batches of tasks.
 
 from seekrl.data.converters import (
     CONVERTERS,
-    DataError,
     detect_converter,
     fields_row,
     gsm8k_row,
@@ -19,6 +18,7 @@ from seekrl.data.converters import (
 from seekrl.data.iterator import TaskIterator
 from seekrl.data.loaders import BUILTINS, DATA_DIR_ENV, load_tasks, read_rows, resolve_data_dir
 from seekrl.data.templates import PRESETS, PromptTemplate, get_template
+from seekrl.errors import DataError
 
 __all__ = [
     "BUILTINS",

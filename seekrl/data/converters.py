@@ -22,10 +22,10 @@ import re
 from typing import Any, Callable
 
 from seekrl.data.templates import PRESETS, PromptTemplate
+from seekrl.errors import DataError
 from seekrl.types import Task
 
 __all__ = [
-    "DataError",
     "CONVERTERS",
     "detect_converter",
     "gsm8k_row",
@@ -34,10 +34,6 @@ __all__ = [
     "verl_row",
     "fields_row",
 ]
-
-
-class DataError(ValueError):
-    """A data file or row that cannot become a Task; the message names the file, line and fix."""
 
 
 QUESTION_KEYS = ("question", "Question", "query", "problem")

@@ -34,13 +34,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from seekrl.data.converters import CONVERTERS, DataError, detect_converter, fields_row
+from seekrl.data.converters import CONVERTERS, detect_converter, fields_row
 from seekrl.data.templates import PromptTemplate, get_template
+from seekrl.errors import DataError
 from seekrl.types import Task
 
 __all__ = [
     "builtin_rows",
-    "DataError",
     "BUILTINS",
     "HUB_SOURCES",
     "read_rows",

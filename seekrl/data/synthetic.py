@@ -33,13 +33,15 @@ import json
 import os
 import random
 import re
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from seekrl.retrieval.corpus import Document, read_corpus, write_corpus
+from seekrl.data.corpus import Document, read_corpus, write_corpus
 from seekrl.types import Task
 
-__all__ = ["Entity", "World", "make_world", "load_world", "KINDS", "ENTITY_KINDS", "STYLES", "BLOCKED_WORDS"]
+__all__ = ["Entity", "World", "make_world", "load_world", "KINDS", "ENTITY_KINDS", "STYLES", "WorldStyle", "BLOCKED_WORDS"]
 
 KINDS = ("1hop", "2hop", "comparison")
 ENTITY_KINDS = ("person", "city", "company", "river")
@@ -291,7 +293,8 @@ _PLAIN = {
     ("river", "length_km"): "The {n} is a river {v} kilometres long.",
     ("river", "flows_through"): "The {n} flows through the city of {v}.",
 }
-STYLES = ("varied", "plain")
+WorldStyle = Literal["varied", "plain"]  # the `demo.world_style` values
+STYLES: tuple[str, ...] = typing.get_args(WorldStyle)
 
 
 def _say(rng: random.Random, e: Entity, fact: str, **kw) -> str:

@@ -13,6 +13,8 @@ import random
 
 from seekrl.types import Task
 
+__all__ = ["KINDS", "make_tiny_tasks", "tiny_corpus"]
+
 KINDS = ("copy", "add")
 
 

@@ -40,6 +40,12 @@ Control
     are paused by its `update_weights`.) `generate(..., rid=...)` names a request (LocalEngine.abort(rid) ends it);
     cancelling the awaiting caller drops its request.
 
+Exact log-probs
+    `exact_logprobs` is True when the engine's log-probs equal what the trainer recomputes on the
+    same weights (LocalEngine; seekrl's own fp32 servers started by the run): then the trainer may
+    reuse them as the old log-probs (train.recompute_logprobs=auto). SGLang and vLLM compute in
+    other kernels and precisions: their log-probs are recomputed.
+
 Run state
     `metrics()` gives counters for the run's metrics (`engine/...`), `state_dict()` /
     `load_state_dict()` what a checkpoint keeps (the version, a local sampler's state), `close()`
@@ -55,12 +61,15 @@ import torch
 
 from seekrl.types import Completion, SamplingParams
 
+__all__ = ["InferenceEngine", "text_decoder", "stop_window"]
+
 
 @runtime_checkable
 class InferenceEngine(Protocol):
     """Samples completions for token prompts and receives new policy weights. See module docstring."""
 
     version: int
+    exact_logprobs: bool  # its log-probs equal the trainer's recomputation on the same weights (so they may be reused)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *, rid: str | None = None) -> Completion: ...
 

@@ -30,9 +30,10 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["ServerCommand", "ServerGroup", "free_port", "terminate_as_exit", "seekrl_server_command"]
+__all__ = ["ServerCommand", "ServerGroup", "free_port", "terminate_as_exit", "seekrl_server_command", "ENGINE_TOKEN_ENV"]
 
 PR_SET_PDEATHSIG = 1
+ENGINE_TOKEN_ENV = "SEEKRL_ENGINE_TOKEN"  # the bearer token `seekrl serve engine` reads (servers/engine.py)
 
 
 @dataclass
@@ -106,7 +107,7 @@ class ServerGroup:
     def wait_healthy(self, health_path: str, timeout_s: float, token: str | None = None) -> None:
         """Poll every server's health endpoint until all answer 200; a server that exits or a
         deadline that passes raises EngineUnavailable with one line."""
-        from seekrl.engines.errors import EngineUnavailable
+        from seekrl.errors import EngineUnavailable
 
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         deadline = time.monotonic() + timeout_s

@@ -51,32 +51,15 @@ import glob
 import os
 import threading
 import time
-from dataclasses import dataclass
 
 import torch
 
 from seekrl.engines.base import text_decoder
-from seekrl.engines.sampling import _Batch, _joined
+from seekrl.engines.sampling import Batch, Request, joined
 from seekrl.engines.static_decode import decode_graphs
 from seekrl.types import Completion, SamplingParams
 
-
-@dataclass(eq=False)
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: asyncio.Future
-    rid: str | None = None
-    aborted: bool = False  # set on the event loop's thread, read by the sampling thread at each step
-    done: Completion | None = None  # what a retracted request sampled before it was put back in the queue
-    gen_state: torch.Tensor | None = None  # its seeded generator at that point, so the rest draws as if uncut
-
-    def remaining(self) -> tuple[list[int], SamplingParams]:
-        """The prompt and params that continue this request (after a retract: prompt + tokens so far)."""
-        if self.done is None:
-            return self.prompt_ids, self.params
-        n = len(self.done.token_ids)
-        return self.prompt_ids + self.done.token_ids, dataclasses.replace(self.params, max_new_tokens=self.params.max_new_tokens - n)
+__all__ = ["LocalEngine", "PAUSE_MODES"]
 
 
 PAUSE_MODES = ("hold", "abort", "in_place", "retract")
@@ -96,6 +79,8 @@ def _as_id_set(*values) -> set[int]:
 
 class LocalEngine:
     """An `InferenceEngine` (see base.py) over an in-process transformers causal LM."""
+
+    exact_logprobs = True  # the trainer's own code and weights (fp32 to 1e-4; see base.py)
 
     def __init__(
         self,
@@ -130,19 +115,19 @@ class LocalEngine:
             raise ValueError("LocalEngine: neither the tokenizer nor the model config defines an eos token")
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids))
-        self._decode = text_decoder(tokenizer)
+        self.decode_text = text_decoder(tokenizer)  # ids -> text, specials kept (stop strings)
         self.stats = {
             "batches": 0, "requests": 0, "tokens": 0, "forward_steps": 0, "prefill_tokens": 0, "seconds": 0.0, "aborted": 0,
             "joined": 0, "max_rows": 0,
         }
-        self._inbox: collections.deque[_Request] = collections.deque()  # waiting requests (thread-safe ends)
+        self._inbox: collections.deque[Request] = collections.deque()  # waiting requests (thread-safe ends)
         self._draining = 0  # update_weights waits for the batch in flight: no request may join it
-        self._live: set[_Request] = set()  # queued or running requests, for abort()
+        self._live: set[Request] = set()  # queued or running requests, for abort()
         self._go = threading.Event()  # cleared by pause("in_place"): the sampling thread parks between steps
         self._go.set()
         self._parked = threading.Event()  # set while the sampling thread is parked
         self._busy = False  # a batch is being sampled (or about to be)
-        self._retract = False  # set by pause("retract"): the batch in flight ends at its next step
+        self.retracting = False  # set by pause("retract"): the batch in flight ends at its next step (the batch reads it)
         self._closed = False
         self._paused = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -161,7 +146,7 @@ class LocalEngine:
         if params.max_new_tokens <= 0:
             return Completion([], [], "length", self.version)
         loop = self._ensure_started()
-        req = _Request([int(i) for i in prompt_ids], params, loop.create_future(), rid)
+        req = Request([int(i) for i in prompt_ids], params, loop.create_future(), rid)
         self._live.add(req)
         self._inbox.append(req)
         self._wake.set()
@@ -223,11 +208,11 @@ class LocalEngine:
         elif mode == "in_place":
             self._go.clear()
         elif mode == "retract":
-            self._retract = True
+            self.retracting = True
 
     def resume(self) -> None:
         self._paused = False
-        self._retract = False
+        self.retracting = False
         self._go.set()
         if self._unpaused is not None:
             self._unpaused.set()
@@ -331,14 +316,14 @@ class LocalEngine:
             else:
                 self._inbox.append(r)
 
-    def _finish(self, req: _Request, c: Completion | BaseException) -> None:
+    def _finish(self, req: Request, c: Completion | BaseException) -> None:
         """Answer a request (on the loop's thread); a retracted one goes back to the queue's front."""
         if req.future.done():
             return
         if isinstance(c, BaseException):
             req.future.set_exception(c)
             return
-        c = _joined(req.done, c)
+        c = joined(req.done, c)
         if c.finish_reason == "retract":
             req.done = dataclasses.replace(c, finish_reason="abort")
             self._inbox.appendleft(req)
@@ -346,13 +331,13 @@ class LocalEngine:
         else:
             req.future.set_result(c)
 
-    def _deliver(self, req: _Request, c: Completion | BaseException) -> None:
+    def deliver(self, req: Request, c: Completion | BaseException) -> None:
         """From the sampling thread: answer `req` as soon as its row is done (not at batch end)."""
         self._loop.call_soon_threadsafe(self._finish, req, c)
 
-    def _take(self, room: int) -> list[_Request]:
+    def _take(self, room: int) -> list[Request]:
         """From the sampling thread: up to `room` waiting requests, unless paused or draining."""
-        out: list[_Request] = []
+        out: list[Request] = []
         while len(out) < room and not self._paused and not self._draining:
             try:
                 r = self._inbox.popleft()
@@ -362,7 +347,7 @@ class LocalEngine:
                 continue
             if r.aborted:
                 self.stats["aborted"] += 1
-                self._deliver(r, Completion([], [], "abort", self.version))
+                self.deliver(r, Completion([], [], "abort", self.version))
                 continue
             out.append(r)
         return out
@@ -384,7 +369,7 @@ class LocalEngine:
         t0 = time.perf_counter()
         was_training = self.model.training
         self.model.eval()
-        batch = _Batch(self)
+        batch = Batch(self)
         try:
             with torch.inference_mode():
                 version = self._checkpoint()
@@ -406,7 +391,7 @@ class LocalEngine:
             for row in batch.all_rows:
                 if row.reason is None:
                     row.reason = "error"
-                    self._deliver(row.req, e)
+                    self.deliver(row.req, e)
         finally:
             self.model.train(was_training)
             self.stats["batches"] += 1

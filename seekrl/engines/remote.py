@@ -45,8 +45,8 @@ import httpx
 import torch
 
 from seekrl.engines.adapters import AdapterError, HTTPCall, get_api
-from seekrl.engines.errors import EngineRequestError, EngineUnavailable
 from seekrl.engines.weights import prune_weights, write_weights
+from seekrl.errors import EngineRequestError, EngineUnavailable
 from seekrl.types import Completion, SamplingParams
 
 __all__ = ["RemoteEngine", "EngineUnavailable", "EngineRequestError"]

@@ -1,6 +1,6 @@
 """The sampling thread's machinery behind LocalEngine (engines/local.py): the running batch.
 
-`_Batch` holds the rows being sampled, their KV cache, next positions and the logits of their next
+`Batch` holds the rows being sampled, their KV cache, next positions and the logits of their next
 token. The cache is a `DynamicKV` (a growing `transformers.DynamicCache` and its attention mask,
 left padding 0) or, with `LocalEngine(compile="true"|"auto")`, a `StaticKV` (pre-allocated buffers
 and a `torch.compile`d decode, engines/static_decode.py); both offer `merge` (rows of a prefill
@@ -11,13 +11,14 @@ and merged into the running cache (continuous batching). `_RowSampler` draws one
 (temperature / top-k / top-p per row, an inverse-CDF draw from the engine's generator or the row's
 own seeded one) and returns its log-prob under log_softmax(logits / T).
 Everything here runs on LocalEngine's sampling thread; rows are answered through the engine's
-`_deliver` (thread-safe) as soon as they end.
+`deliver` (thread-safe) as soon as they end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -25,15 +26,53 @@ from seekrl.engines.base import stop_window
 from seekrl.engines.static_decode import StaticKV
 from seekrl.types import Completion, SamplingParams
 
-if TYPE_CHECKING:
-    from seekrl.engines.local import LocalEngine, _Request
+__all__ = ["Request", "BatchHost", "Batch", "DynamicKV", "joined"]
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    """One generate call, as the sampling thread sees it."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+    rid: str | None = None
+    aborted: bool = False  # set on the event loop's thread, read by the sampling thread at each step
+    done: Completion | None = None  # what a retracted request sampled before it was put back in the queue
+    gen_state: torch.Tensor | None = None  # its seeded generator at that point, so the rest draws as if uncut
+
+    def remaining(self) -> tuple[list[int], SamplingParams]:
+        """The prompt and params that continue this request (after a retract: prompt + tokens so far)."""
+        if self.done is None:
+            return self.prompt_ids, self.params
+        n = len(self.done.token_ids)
+        return self.prompt_ids + self.done.token_ids, dataclasses.replace(self.params, max_new_tokens=self.params.max_new_tokens - n)
+
+
+class BatchHost(Protocol):
+    """What the running batch needs from its engine (LocalEngine): the model and its settings, the
+    engine's counters and generator, and how to answer a request."""
+
+    model: torch.nn.Module
+    device: torch.device
+    pad_id: int
+    eos_ids: set[int]
+    generator: torch.Generator
+    stats: dict
+    compact_fraction: float
+    decode_graphs: object  # static_decode.DecodeGraphs or None (the growing DynamicCache)
+    retracting: bool  # set by pause("retract"): the batch in flight ends at its next step
+
+    def decode_text(self, ids: list[int]) -> str: ...
+
+    def deliver(self, req: Request, c: Completion | BaseException) -> None: ...
 
 
 @dataclasses.dataclass(eq=False)
 class _Row:
     """One request in the running batch: what it has sampled so far, and how it ends."""
 
-    req: _Request
+    req: Request
     i: int  # its index in the batch's `params` (the row sampler and seeded generators key on it)
     params: SamplingParams
     enders: set[int]  # token ids that end it (EOS unless ignore_eos, stop_token_ids)
@@ -47,7 +86,7 @@ class _Row:
     fwd: int = 0  # version of the weights whose forward pass gave the row's current logits
 
 
-class _Batch:
+class Batch:
     """The sampling thread's running batch: rows in KV-cache order, their cache (`kv`: DynamicKV
     or StaticKV), next positions and the logits of their next token.
 
@@ -56,7 +95,7 @@ class _Batch:
     finished rows are dropped from the cache (`compact`), and columns that no row attends to any
     more are cut off the left, so a long-lived batch does not grow without bound."""
 
-    def __init__(self, engine: LocalEngine):
+    def __init__(self, engine: BatchHost):
         self.e, self.dev = engine, engine.device
         self.rows: list[_Row] = []  # in cache order; finished rows ride along until compacted
         self.all_rows: list[_Row] = []
@@ -72,7 +111,7 @@ class _Batch:
         return len(self.rows) - self.done
 
     # -- adding rows
-    def add(self, reqs: list[_Request], version: int) -> None:
+    def add(self, reqs: list[Request], version: int) -> None:
         if not reqs:
             return
         e, dev = self.e, self.dev
@@ -145,7 +184,7 @@ class _Batch:
     def step(self) -> None:
         """Sample one token for every unfinished row from `logits_bV`; answer the rows that end."""
         e = self.e
-        retract = e._retract  # read once per step (set from the loop's thread)
+        retract = e.retracting  # read once per step (set from the loop's thread)
         gen_before = {i: g.get_state() for i, g in self.gens.items()} if retract else {}
         tok_b, lp_b = self.sampler.pick(self.logits_bV, e.generator, self.gens)
         self.tok_b = tok_b
@@ -167,7 +206,7 @@ class _Batch:
                 row.vers.append(row.fwd)
                 if tok in row.enders:
                     row.reason = "stop"
-                elif row.stops and any(x in e._decode((row.prefix + row.tokens)[-row.window :]) for x in row.stops):
+                elif row.stops and any(x in e.decode_text((row.prefix + row.tokens)[-row.window :]) for x in row.stops):
                     row.reason = "stop"
                 elif len(row.tokens) >= row.params.max_new_tokens:
                     row.reason = "length"
@@ -175,7 +214,7 @@ class _Batch:
                 self.done += 1
                 e.stats["tokens"] += len(row.tokens)
                 e.stats["aborted"] += row.reason == "abort"
-                e._deliver(row.req, _completion(row.tokens, row.logps, row.reason, row.vers, row.fwd))
+                e.deliver(row.req, _completion(row.tokens, row.logps, row.reason, row.vers, row.fwd))
 
     def compact(self, force: bool = False) -> None:
         """Drop finished rows from the cache once enough are done (or before rows join), and the
@@ -250,7 +289,7 @@ def _plain_layers(cache) -> bool:
     return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
-def _joined(before: Completion | None, after: Completion) -> Completion:
+def joined(before: Completion | None, after: Completion) -> Completion:
     """A retracted request's tokens so far, then what it sampled after it was put back."""
     if before is None:
         return after

@@ -45,6 +45,9 @@ import time
 
 import torch
 
+__all__ = ["COMPILE_MODES", "MIN_ROWS", "AUTO_COMPILE_AFTER", "rows_bucket", "len_bucket", "decode_graphs", "DecodeGraphs",
+           "StaticKV"]
+
 log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("auto", "true", "false")

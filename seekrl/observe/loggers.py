@@ -23,6 +23,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from seekrl.observe.config import LogConfig
+
+__all__ = ["RunLogger", "NullLogger", "read_metrics", "METRICS_FILE"]
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -123,6 +127,13 @@ class RunLogger:
             if config is not None and resume_step is None:
                 text = json.dumps(config, indent=2, default=str)
                 self._tb.add_text("config", f"```\n{text}\n```", global_step=0)
+
+    @classmethod
+    def for_run(cls, log: LogConfig, run_dir: str | os.PathLike, config: dict | None = None,
+                resume_step: int | None = None) -> RunLogger:
+        """The logger the `log:` section asks for (log.tensorboard, log.wandb, log.wandb_project)."""
+        return cls(run_dir, tensorboard=log.tensorboard, wandb=log.wandb, wandb_project=log.wandb_project, config=config,
+                   resume_step=resume_step)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Append one row {"step": step, **metrics}; numbers go to TensorBoard / W&B too."""

@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Any, Sequence, TextIO
 
+__all__ = ["Progress", "REWARD_KEYS"]
+
 REWARD_KEYS = ("reward/mean", "reward", "rewards/mean")
 
 

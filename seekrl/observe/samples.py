@@ -23,6 +23,8 @@ from typing import Any, Protocol, Sequence
 
 from seekrl.types import Trajectory, TrajectoryGroup
 
+__all__ = ["write_trajectories", "trajectory_record", "mask_runs", "Decoder"]
+
 
 class Decoder(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str: ...

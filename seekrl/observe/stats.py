@@ -23,6 +23,8 @@ import math
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
+__all__ = ["StatsTracker"]
+
 
 def _to_float(value: Any) -> float:
     """A python number, numpy scalar or 0-d (one-element) tensor → float."""

@@ -1,7 +1,8 @@
 """Rank 0 is the controller: it rolls out; the other ranks receive each step's batch from it.
 
-The RL loop (train/rl.py) runs on every rank and asks `c.rollout.next_batch(step)` and
-`c.rollout.publish(model, step)` as in one process. With several ranks the rollout is wrapped:
+The RL loop (train/rl.py) runs on every rank and asks `run.rollout.next_batch(step)` and
+`run.rollout.publish(model, step)` as in one process. With several ranks the rollout is wrapped,
+both sides being `RolloutSource`s (rollout/base.py):
 
 - rank 0, `LeaderRollout`: the real rollout (sync or async, in-process engine or servers); each
   batch is broadcast to the other ranks (JSON), and `publish` gathers the sharded policy's full
@@ -10,8 +11,8 @@ The RL loop (train/rl.py) runs on every rank and asks `c.rollout.next_batch(step
 - ranks > 0, `FollowerRollout`: `next_batch` receives rank 0's batch; `publish` joins the gather.
 
 So every rank holds the whole batch and computes rewards' advantages identically; the log-prob
-and gradient work is split by parallel/shards.py. Only rank 0 writes anything (run folder,
-metrics, trajectories, checkpoint files except its own optimizer shard).
+and gradient work is split by train/plan.py. Only rank 0 writes anything (run folder, metrics,
+trajectories, checkpoint files except its own optimizer shard).
 """
 
 from __future__ import annotations
@@ -19,20 +20,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import torch
+
 from seekrl.parallel.fsdp import copy_into, full_state_dict
 from seekrl.parallel.ranks import Ranks
+from seekrl.rollout.base import RolloutBatch, RolloutSource
 from seekrl.types import Task, Trajectory, TrajectoryGroup
 
+__all__ = ["LeaderRollout", "FollowerRollout", "encode_batch", "decode_batch"]
 
-def encode_batch(batch) -> dict:
+
+def encode_batch(batch: RolloutBatch) -> dict:
     return {"groups": [{"task": dataclasses.asdict(g.task), "trajectories": [
         {f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name != "task"} for t in g.trajectories]}
         for g in batch.groups], "metrics": batch.metrics}
 
 
-def decode_batch(data: dict):
-    from seekrl.rollout.executor import RolloutBatch
-
+def decode_batch(data: dict) -> RolloutBatch:
     groups = []
     for g in data["groups"]:
         task = Task(**g["task"])
@@ -43,21 +47,18 @@ def decode_batch(data: dict):
 class LeaderRollout:
     """Rank 0's rollout: the real one, plus the broadcast of each batch and the weight gather."""
 
-    def __init__(self, inner, ranks: Ranks, engine_model) -> None:
+    def __init__(self, inner: RolloutSource, ranks: Ranks, engine_model: torch.nn.Module) -> None:
         self.inner, self.ranks, self.engine_model = inner, ranks, engine_model
-
-    def __getattr__(self, name):  # mode, iterator, engine, ...: the inner rollout's
-        return getattr(self.inner, name)
 
     def start(self, step: int) -> None:
         self.inner.start(step)
 
-    async def next_batch(self, step: int):
+    async def next_batch(self, step: int) -> RolloutBatch:
         batch = await self.inner.next_batch(step)
         await asyncio.to_thread(self.ranks.broadcast_json, encode_batch(batch))
         return batch
 
-    async def publish(self, model, version: int) -> None:
+    async def publish(self, model: torch.nn.Module, version: int) -> None:
         weights = await asyncio.to_thread(full_state_dict, model, self.ranks)
         if self.engine_model is not model:
             copy_into(self.engine_model, weights)
@@ -73,40 +74,20 @@ class LeaderRollout:
 class FollowerRollout:
     """A rank > 0: each step's batch comes from rank 0; it joins the weight gather at publish."""
 
-    mode = "follower"
-
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks
 
     def start(self, step: int) -> None:
         pass
 
-    async def next_batch(self, step: int):
+    async def next_batch(self, step: int) -> RolloutBatch:
         return decode_batch(await asyncio.to_thread(self.ranks.broadcast_json, None))
 
-    async def publish(self, model, version: int) -> None:
+    async def publish(self, model: torch.nn.Module, version: int) -> None:
         await asyncio.to_thread(full_state_dict, model, self.ranks)
 
     def data_state(self, step: int) -> dict:
         return {}
 
     async def aclose(self) -> None:
-        pass
-
-
-class FollowerEngine:
-    """What a rank > 0 has where rank 0 has its engine: nothing to sample with, nothing to report."""
-
-    exact_logprobs = True
-
-    def metrics(self) -> dict[str, float]:
-        return {}
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-    def close(self) -> None:
         pass

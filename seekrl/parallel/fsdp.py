@@ -18,10 +18,14 @@ computes in bf16 with fp32 gradient reductions (FSDP2's MixedPrecisionPolicy); C
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 
 import torch
 
 from seekrl.parallel.ranks import Ranks
+
+__all__ = ["shard_model", "broadcast_parameters", "grad_scale", "sync_gradients", "full_state_dict", "is_sharded",
+           "load_full_state_dict", "copy_into"]
 
 
 def broadcast_parameters(model: torch.nn.Module, ranks: Ranks) -> None:
@@ -39,8 +43,11 @@ def _layer_lists(model: torch.nn.Module) -> list[torch.nn.ModuleList]:
     return [m for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks")]
 
 
-def shard_model(model: torch.nn.Module, ranks: Ranks, mixed_precision: str = "auto") -> torch.nn.Module:
-    """FSDP2 `fully_shard` each block, then the root (module docstring); a no-op unless sharded."""
+def shard_model(model: torch.nn.Module, ranks: Ranks, mixed_precision: str = "auto",
+                forward_methods: dict[str, Callable] | None = None) -> torch.nn.Module:
+    """FSDP2 `fully_shard` each block, then the root (module docstring); a no-op unless sharded.
+    `forward_methods` (name -> function(model, ...)) become methods of the sharded model, registered
+    as FSDP forward methods: the trainer scores with them rather than `model.forward`."""
     broadcast_parameters(model, ranks)
     if not ranks.sharded:
         return model
@@ -52,18 +59,15 @@ def shard_model(model: torch.nn.Module, ranks: Ranks, mixed_precision: str = "au
         for block in layers:
             fully_shard(block, mesh=ranks.mesh, mp_policy=mp)
     fully_shard(model, mesh=ranks.mesh, mp_policy=mp)
-    if hasattr(model, "get_output_embeddings"):
+    if forward_methods and hasattr(model, "get_output_embeddings"):
         # The trainer scores completions with the decoder and the LM head at the completion
-        # positions only (train/batching.py), not with model.forward: FSDP must gather the root's
-        # weights (embeddings, final norm, head) around that method too.
+        # positions only (train/batching.py FORWARD_METHODS), not with model.forward: FSDP must
+        # gather the root's weights (embeddings, final norm, head) around those methods too.
         from torch.distributed.fsdp import register_fsdp_forward_method
 
-        from seekrl.train.batching import _completion_logits, _completion_logprobs
-
-        model.seekrl_completion_logits = types.MethodType(_completion_logits, model)
-        model.seekrl_completion_logprobs = types.MethodType(_completion_logprobs, model)
-        register_fsdp_forward_method(model, "seekrl_completion_logits")
-        register_fsdp_forward_method(model, "seekrl_completion_logprobs")
+        for name, fn in forward_methods.items():
+            setattr(model, name, types.MethodType(fn, model))
+            register_fsdp_forward_method(model, name)
     return model
 
 

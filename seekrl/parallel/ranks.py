@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from seekrl.config import Config, ConfigError
+from seekrl.errors import ConfigError, SeekrlError
+
+__all__ = ["Ranks", "init_ranks", "env_world", "rank_errors"]
 
 
 @dataclass
@@ -114,39 +116,41 @@ def env_world() -> int:
         raise ConfigError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer; start ranks with torchrun or seekrl launch") from None
 
 
-def init_ranks(cfg: Config) -> Ranks:
-    """Join the process group torchrun's variables describe (module docstring); one process: Ranks()."""
+def init_ranks(backend: str = "auto", fsdp: str = "full", timeout_s: float = 1800.0, *, lora: bool = False,
+               device: str = "auto") -> Ranks:
+    """Join the process group torchrun's variables describe (module docstring); one process: Ranks().
+    `backend`, `fsdp`, `timeout_s`: train.dist_backend, train.fsdp, train.dist_timeout_s; `lora`: the
+    policy has LoRA adapters (model.lora_r > 0); `device`: model.device."""
     world = env_world()
     if world <= 1:
         return Ranks()
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise ConfigError(f"WORLD_SIZE={world} but {', '.join(missing)} unset; start the ranks with torchrun or seekrl launch")
-    t, m = cfg.train, cfg.model
-    if m.lora_r > 0 and t.fsdp != "none":
+    if lora and fsdp != "none":
         raise ConfigError("LoRA over several ranks needs train.fsdp=none (every rank holds the base model; the adapters are small)")
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    use_cuda = torch.cuda.is_available() and m.device != "cpu"
-    backend = t.dist_backend if t.dist_backend != "auto" else ("nccl" if use_cuda else "gloo")
+    use_cuda = torch.cuda.is_available() and device != "cpu"
+    backend = backend if backend != "auto" else ("nccl" if use_cuda else "gloo")
     if backend == "nccl" and not use_cuda:
         raise ConfigError("train.dist_backend=nccl needs CUDA; use train.dist_backend=gloo (or auto) on CPUs")
-    device = torch.device("cpu")
+    dev = torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        dev = torch.device("cuda", local_rank)
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(
-            backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=t.dist_timeout_s),
-            device_id=device if backend == "nccl" else None,
+            backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=dev if backend == "nccl" else None,
         )
-    ranks = Ranks(rank=rank, world=world, local_rank=local_rank, local_world=local_world, backend=backend, device=device, fsdp=t.fsdp)
+    ranks = Ranks(rank=rank, world=world, local_rank=local_rank, local_world=local_world, backend=backend, device=dev, fsdp=fsdp)
     if ranks.sharded:
         from torch.distributed.device_mesh import init_device_mesh
 
-        kind = device.type
-        if t.fsdp == "hybrid" and world % local_world == 0 and world > local_world:
+        kind = dev.type
+        if fsdp == "hybrid" and world % local_world == 0 and world > local_world:
             ranks.mesh = init_device_mesh(kind, (world // local_world, local_world), mesh_dim_names=("replicate", "shard"))
         else:  # hybrid on one node is full sharding
             ranks.mesh = init_device_mesh(kind, (world,), mesh_dim_names=("shard",))
@@ -166,9 +170,10 @@ def rank_errors():
     except BaseException as e:
         if env_world() <= 1:
             raise
-        if not isinstance(e, ConfigError):
+        status = e.exit_status if isinstance(e, SeekrlError) else 1
+        if status != 2:  # bad input is its one line; anything else shows where it came from
             traceback.print_exc()
         cause = (str(e).strip().splitlines() or [""])[0]
         print(f"seekrl: error: rank {os.environ.get('RANK', '?')} of {env_world()} failed: {type(e).__name__}: {cause}",
               file=sys.stderr, flush=True)
-        raise SystemExit(2 if isinstance(e, ConfigError) else 1) from None
+        raise SystemExit(status) from None

@@ -161,13 +161,10 @@ def _results_markdown(res: dict) -> str:
 
 def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[str] = ()) -> dict:
     """Run every stage (module docstring); returns results.json's content."""
+    from seekrl import jobs
     from seekrl.demo import markdown_table
-    from seekrl.evaluate import eval_config
-    from seekrl.generate import generate
     from seekrl.report import markdown_table_to_html, write_report
     from seekrl.retrieval.commands import build_index
-    from seekrl.train.rl import train
-    from seekrl.train.sft import sft
 
     console = Console(stderr=True)
     out_dir = Path(out)
@@ -215,7 +212,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     gen = [*paths, *overrides, "data.eval=null", "generate.endpoint=teacher", f"generate.out={episodes}", f"generate.n={d.teacher_n}"]
     stage("3. teacher", cmd("generate", config, *gen))
     if not sft_rows.is_file():
-        timed("teacher", generate, load_config(config, gen))
+        timed("teacher", jobs.generate, load_config(config, gen))
         played = [json.loads(x) for p in (episodes, episodes.with_name(episodes.stem + ".rejected.jsonl")) if p.is_file()
                   for x in p.read_text(encoding="utf-8").splitlines()]
         gold = [json.loads(x) for x in episodes.read_text(encoding="utf-8").splitlines()]
@@ -234,7 +231,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         result = out_dir / name / "eval" / "eval.json"
         if not _evaluated(result.parent, model, files[questions]):
             result.unlink(missing_ok=True)
-            timed(f"eval {name}", eval_config, load_config(config, ev))
+            timed(f"eval {name}", jobs.evaluate, load_config(config, ev))
         return json.loads(result.read_text())
 
     evals = {"base": evaluate("base", cfg0.model.path, "base")}
@@ -245,7 +242,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     sft_model = out_dir / "sft" / "checkpoints" / f"step_{d.sft_steps}" / "model"
     stage("5. sft", cmd("sft", config, *sft_over))
     if not (sft_model / "config.json").is_file():
-        timed("sft", sft, load_config(config, sft_over))
+        timed("sft", jobs.sft, load_config(config, sft_over))
     evals["sft"] = evaluate("sft", str(sft_model), "heldout")
 
     rl_over = [*paths, *overrides, f"model.path={sft_model}", "data.eval=null", "log.name=grpo", "train.resume=auto"]
@@ -253,7 +250,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     rl_model = out_dir / "grpo" / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"
     stage("7. grpo", cmd("train", config, *rl_over))
     if not (rl_model / "config.json").is_file():
-        timed("grpo", train, rl_cfg)
+        timed("grpo", jobs.train, rl_cfg)
     evals["grpo"] = evaluate("grpo", str(rl_model), "heldout")
     evals["check"] = evaluate("check", str(rl_model), "check")
 

@@ -23,7 +23,7 @@ import bm25s
 import numpy as np
 import Stemmer
 
-from seekrl.retrieval.corpus import Document, read_corpus, read_index_meta, write_corpus
+from seekrl.data.corpus import Document, read_corpus, read_index_meta, write_corpus
 
 __all__ = ["BM25Index"]
 

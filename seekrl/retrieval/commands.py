@@ -1,8 +1,7 @@
-"""The functions behind `seekrl index build` and `seekrl serve retriever`.
+"""The function behind `seekrl index build` (`seekrl serve retriever` is servers/retrieval.py).
 
     build_index("hotpotqa", "indexes/hotpotqa-bm25", kind="bm25")
     build_index("corpus.jsonl", "indexes/wiki-dense", kind="dense", dense_kind="hnsw")
-    serve_retriever("indexes/hotpotqa-bm25", port=8000, token=None)
 
 `corpus` is a Search-R1 corpus jsonl path or a builtin name: "hotpotqa" (14,903 paragraphs of
 HotpotQA dev) or "2wiki" (the gold paragraphs of the 2WikiMultihopQA dev sample), converted
@@ -15,13 +14,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from seekrl.retrieval.corpus import Document, hotpotqa_corpus, read_corpus, twowiki_corpus
-from seekrl.servers.guards import check_port, resolve_token
+from seekrl.data.corpus import Document, hotpotqa_corpus, read_corpus, twowiki_corpus
 
-__all__ = ["build_index", "serve_retriever", "load_corpus_arg", "BUILTIN_CORPORA", "TOKEN_ENV"]
+__all__ = ["build_index", "load_corpus_arg", "BUILTIN_CORPORA"]
 
 BUILTIN_CORPORA = {"hotpotqa": hotpotqa_corpus, "2wiki": twowiki_corpus}
-TOKEN_ENV = "SEEKRL_RETRIEVER_TOKEN"
 
 
 def load_corpus_arg(corpus: str) -> list[Document]:
@@ -69,15 +66,3 @@ def build_index(corpus: str, out: str, kind: str = "bm25", dense_kind: str = "fl
         index = DenseIndex.build(docs, kind=dense_kind, show_progress=True)
     index.save(out_path)
     console.print(f"done in {time.perf_counter() - t0:.1f}s: {out_path / 'meta.json'}")
-
-
-def serve_retriever(index: str, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> None:
-    """Serve the index folder `index` on Search-R1's POST /retrieve API (blocks until Ctrl-C).
-    Without `token`, $SEEKRL_RETRIEVER_TOKEN is used when set (keeps the secret out of argv)."""
-    if not (Path(index) / "meta.json").is_file():
-        raise ValueError(f"{index!r} is not an index folder (no meta.json); build one with `seekrl index build`")
-    check_port(port)
-    token = resolve_token(token, TOKEN_ENV, host, "the retriever")
-    from seekrl.servers.retrieval import serve
-
-    serve(index, host=host, port=port, token=token)

@@ -26,7 +26,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from seekrl.retrieval.corpus import Document, read_corpus, read_index_meta, write_corpus
+from seekrl.data.corpus import Document, read_corpus, read_index_meta, write_corpus
 
 __all__ = ["DenseIndex", "default_model_path", "load_encoder"]
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from seekrl.retrieval.corpus import Document, read_index_meta
+from seekrl.data.corpus import Document, read_index_meta
 
 __all__ = ["Retriever", "SearchIndex", "LocalRetriever", "HTTPRetriever", "RetrieverError", "load_index"]
 

@@ -2,9 +2,11 @@
 
 math.py (math-verify equivalence, GSM8K numbers), qa.py (EM / F1 / substring over aliases),
 shaping.py (format, tag count, reasoning steps, cosine length, repetition, overlong) and
-rubric.py (the name registry and the weighted `Rubric`). See rubric.py for the contract.
+rubric.py (the name registry and the weighted `Rubric`). base.py holds the contract (`RewardFn`,
+`RewardResult`, and `Scorer`, what workflows score with).
 """
 
+from seekrl.rewards.base import RewardFn, RewardResult, Scorer
 from seekrl.rewards.math import extract_boxed, gsm8k_accuracy, gsm8k_answer, math_accuracy
 from seekrl.rewards.qa import (
     exact_match,
@@ -19,7 +21,6 @@ from seekrl.rewards.qa import (
 from seekrl.rewards.rubric import (
     REWARD_FACTORIES,
     REWARD_FUNCTIONS,
-    RewardResult,
     Rubric,
     register_reward,
     resolve_reward,
@@ -38,8 +39,10 @@ from seekrl.rewards.shaping import (
 __all__ = [
     "REWARD_FACTORIES",
     "REWARD_FUNCTIONS",
+    "RewardFn",
     "RewardResult",
     "Rubric",
+    "Scorer",
     "exact_match",
     "extract_answer",
     "extract_boxed",

@@ -27,6 +27,9 @@ from typing import Any
 
 from seekrl.types import Task
 
+__all__ = ["math_accuracy", "gsm8k_accuracy", "extract_boxed", "gsm8k_answer", "extract_final_number", "parse_gold",
+           "parse_prediction", "MATH_TIMEOUT_S", "MAX_PRED_CHARS"]
+
 MATH_TIMEOUT_S = 5  # math-verify's per-call timeout, used on the main thread only
 MAX_PRED_CHARS = 2000  # a \boxed{} answer longer than this is not an answer; scores 0
 

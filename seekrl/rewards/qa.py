@@ -27,6 +27,9 @@ from typing import Any
 
 from seekrl.types import Task
 
+__all__ = ["qa_em", "qa_f1", "subem", "exact_match", "f1_score", "substring_match", "extract_answer", "normalize_answer",
+           "gold_list"]
+
 _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 

@@ -30,9 +30,11 @@ import importlib
 import inspect
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
+from seekrl.errors import ConfigError
+from seekrl.rewards.base import RewardFn, RewardResult
+from seekrl.rewards.config import RewardConfig
 from seekrl.rewards.math import gsm8k_accuracy, math_accuracy
 from seekrl.rewards.qa import qa_em, qa_f1, subem
 from seekrl.rewards.search import make_search_r1_reward
@@ -49,15 +51,7 @@ from seekrl.rewards.shaping import (
 )
 from seekrl.types import Task
 
-RewardFn = Callable[..., Any]  # (completion, task, **ctx) -> float | RewardResult | Awaitable of those
-
-
-@dataclass
-class RewardResult:
-    """A reward with its named parts (unweighted)."""
-
-    total: float
-    parts: dict[str, float] = field(default_factory=dict)
+__all__ = ["Rubric", "build_rubric", "register_reward", "resolve_reward", "REWARD_FUNCTIONS", "REWARD_FACTORIES"]
 
 
 REWARD_FACTORIES: dict[str, Callable[..., RewardFn]] = {
@@ -262,3 +256,21 @@ class Rubric:
 
     def __repr__(self) -> str:
         return "Rubric(" + ", ".join(f"{n}={w:g}" for n, w in zip(self.names, self.weights)) + ")"
+
+
+def build_rubric(r: RewardConfig, max_new_tokens: int) -> Rubric:
+    """The rubric of `reward.*`; the length-aware rewards (cosine, overlong) measure against
+    `max_new_tokens` (rollout.max_new_tokens) unless their own keys say otherwise. An unknown
+    reward is a one-line ConfigError (did-you-mean)."""
+    params: dict[str, dict] = {}
+    if "repetition" in r.functions:
+        params["repetition"] = {"ngram_size": r.repetition_ngram, "max_penalty": r.repetition_max_penalty}
+    if "cosine" in r.functions:
+        params["cosine"] = {"max_len": r.cosine_max_len or max_new_tokens}
+    if "overlong" in r.functions:
+        buffer = r.overlong_buffer or max_new_tokens // 4
+        params["overlong"] = {"max_tokens": max_new_tokens, "buffer": buffer}
+    try:
+        return Rubric(r.functions, r.weights, params)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"reward.functions: {e}") from None

@@ -19,8 +19,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from seekrl.rewards.base import RewardResult
 from seekrl.rewards.qa import exact_match, extract_answer, gold_list, normalize_answer
 from seekrl.types import Task
+
+__all__ = ["make_search_r1_reward", "is_valid_sequence", "retrieved_gold"]
 
 _TAG = re.compile(r"<(/?)(think|search|information|answer)>")
 
@@ -64,8 +67,6 @@ def make_search_r1_reward(
     structure_format_score: float = 0.2, final_format_score: float = 0.1, retrieval_score: float = 0.1,
     score: float = 1.0, require_think: bool = False,
 ):
-    from seekrl.rewards.rubric import RewardResult
-
     def search_r1(completion: str, task: Task, **ctx: Any):
         answer = extract_answer(completion)
         valid = is_valid_sequence(completion, require_think)

@@ -31,6 +31,10 @@ from typing import Any
 from seekrl.rewards.math import extract_boxed, math_accuracy
 from seekrl.types import Task
 
+__all__ = ["format_reward", "make_format_reward", "tag_count_reward", "make_tag_count_reward", "boxed_reward",
+           "reasoning_steps_reward", "completion_length", "make_cosine_length_reward", "make_repetition_penalty_reward",
+           "make_soft_overlong_reward"]
+
 
 def make_format_reward(think_tag: str = "think", answer_tag: str = "answer") -> Callable[..., float]:
     """1.0 if the whole completion is `<think>...</think>` then `<answer>...</answer>`, else 0.0."""

@@ -18,7 +18,11 @@ import asyncio
 import dataclasses
 import hashlib
 
+from seekrl.engines.base import InferenceEngine
+from seekrl.rollout.base import Workflow
 from seekrl.types import SamplingParams, Task, TrajectoryGroup
+
+__all__ = ["collect", "stable_seed", "episode_params", "turn_seed", "SEED_MASK"]
 
 SEED_MASK = 0x7FFFFFFF
 
@@ -41,7 +45,8 @@ def turn_seed(seed: int | None, turn: int) -> int | None:
     return None if seed is None else (seed + turn) & SEED_MASK
 
 
-async def collect(workflow, engine, tasks: list[Task], n: int, params=None, progress=None) -> list[TrajectoryGroup]:
+async def collect(workflow: Workflow, engine: InferenceEngine, tasks: list[Task], n: int, params: SamplingParams | None = None,
+                  progress=None) -> list[TrajectoryGroup]:
     """`progress`: a tqdm-like bar, advanced by one as each task's group finishes."""
 
     async def one(task: Task) -> TrajectoryGroup:

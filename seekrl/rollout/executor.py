@@ -1,7 +1,7 @@
 """Where the trainer's batches come from: `SyncRollout` (roll out, then train) or `AsyncRollout`
 (episodes keep running on the engine while the trainer steps; AReaL's asynchronous RL).
 
-    rollout = make_rollout(cfg, workflow, engine, iterator, decode)
+    rollout = make_rollout(cfg.rollout, workflow, engine, iterator, params, seed=cfg.train.seed, decode=decode)
     rollout.start(step)                       # after resume: the step the run continues from
     batch = await rollout.next_batch(step)    # RolloutBatch: the step's TrajectoryGroups in task order + metrics
     await rollout.publish(model, step)        # the new weights to the engine
@@ -9,8 +9,9 @@
     await rollout.aclose()
 
 Both hand the trainer, for step s, the groups of the s-th batch of the data order (the tasks
-`TaskIterator.next_batch()` gives the s-th time), sampled with the seed
-`stable_seed(train.seed, "rollout", s)`; they differ only in *when* the episodes run.
+`TaskIterator.next_batch()` gives the s-th time), sampled with `params` and the seed
+`stable_seed(train.seed, "rollout", s)`; they differ only in *when* the episodes run. Both are
+`RolloutSource`s (rollout/base.py).
 
 AsyncRollout. Groups (a task's G episodes) are admitted one by one, in the data order; group k
 (0-based over the run) belongs to step s(k) = k // B + 1, B tasks per step. A background task
@@ -45,19 +46,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from dataclasses import dataclass, field
 
+import torch
+
+from seekrl.data.iterator import TaskIterator
+from seekrl.engines.base import InferenceEngine
 from seekrl.rollout import collect, stable_seed
+from seekrl.rollout.base import RolloutBatch, Workflow
+from seekrl.rollout.config import RolloutConfig
 from seekrl.rollout.interrupt import InterruptibleEngine
-from seekrl.types import Task, TrajectoryGroup
+from seekrl.types import SamplingParams, Task, TrajectoryGroup
 
-
-@dataclass
-class RolloutBatch:
-    """One step's groups, in the data order, and the rollout metrics of the step."""
-
-    groups: list[TrajectoryGroup]
-    metrics: dict[str, float] = field(default_factory=dict)
+__all__ = ["make_rollout", "SyncRollout", "AsyncRollout", "staleness", "batch_metrics"]
 
 
 def staleness(groups: list[TrajectoryGroup], trained_version: int) -> tuple[float, float]:
@@ -86,8 +86,9 @@ class SyncRollout:
 
     mode = "sync"
 
-    def __init__(self, workflow, engine, iterator, *, group_size: int, seed: int):
-        self.workflow, self.engine, self.iterator = workflow, engine, iterator
+    def __init__(self, workflow: Workflow, engine: InferenceEngine, iterator: TaskIterator, params: SamplingParams, *,
+                 group_size: int, seed: int):
+        self.workflow, self.engine, self.iterator, self.params = workflow, engine, iterator, params
         self.group_size, self.seed = group_size, seed
 
     def start(self, step: int) -> None:
@@ -96,11 +97,11 @@ class SyncRollout:
     async def next_batch(self, step: int) -> RolloutBatch:
         t0 = time.perf_counter()
         tasks = self.iterator.next_batch()
-        params = dataclasses.replace(self.workflow.params, seed=stable_seed(self.seed, "rollout", step))
+        params = dataclasses.replace(self.params, seed=stable_seed(self.seed, "rollout", step))
         groups = await collect(self.workflow, self.engine, tasks, self.group_size, params)
         return RolloutBatch(groups, batch_metrics(groups, step - 1, interrupted=0, queue=0, wait_s=time.perf_counter() - t0))
 
-    async def publish(self, model, version: int) -> None:
+    async def publish(self, model: torch.nn.Module, version: int) -> None:
         await self.engine.update_weights(model, version)
 
     def data_state(self, step: int) -> dict:
@@ -115,9 +116,9 @@ class AsyncRollout:
 
     mode = "async"
 
-    def __init__(self, workflow, engine, iterator, *, group_size: int, tasks_per_step: int, max_staleness: int,
-                 max_concurrent: int, seed: int, decode=None):
-        self.workflow, self.iterator = workflow, iterator
+    def __init__(self, workflow: Workflow, engine: InferenceEngine, iterator: TaskIterator, params: SamplingParams, *,
+                 group_size: int, tasks_per_step: int, max_staleness: int, max_concurrent: int, seed: int, decode=None):
+        self.workflow, self.iterator, self.params = workflow, iterator, params
         self.engine = InterruptibleEngine(engine, decode)
         self.G, self.B, self.eta, self.seed = group_size, tasks_per_step, max_staleness, seed
         self.max_groups = max(1, max_concurrent // group_size)  # groups in flight at once
@@ -160,7 +161,7 @@ class AsyncRollout:
             self.states[step] = self.iterator.state_dict()
             self.tasks[step] = self.iterator.next_batch()
         task = self.tasks[step][j]
-        params = dataclasses.replace(self.workflow.params, seed=stable_seed(self.seed, "rollout", step))
+        params = dataclasses.replace(self.params, seed=stable_seed(self.seed, "rollout", step))
         self.next_index += 1
         self.running += 1
         episode = asyncio.get_running_loop().create_task(self._run(k, task, params), name=f"seekrl-group-{k}")
@@ -202,7 +203,7 @@ class AsyncRollout:
         wait_s = time.perf_counter() - t0
         return RolloutBatch(groups, batch_metrics(groups, step - 1, interrupted=cut, queue=len(self.done), wait_s=wait_s))
 
-    async def publish(self, model, version: int) -> None:
+    async def publish(self, model: torch.nn.Module, version: int) -> None:
         """New weights: cut the turns in flight, load, continue them; admission may go on."""
         await self.engine.update_weights(model, version)
         self.version = int(version)
@@ -222,12 +223,13 @@ class AsyncRollout:
             await asyncio.wait(pending, timeout=30)
 
 
-def make_rollout(cfg, workflow, engine, iterator, decode=None) -> SyncRollout | AsyncRollout:
-    """The rollout `rollout.mode` names, on `engine` over the data order of `iterator`."""
-    r = cfg.rollout
+def make_rollout(r: RolloutConfig, workflow: Workflow, engine: InferenceEngine, iterator: TaskIterator, params: SamplingParams,
+                 *, seed: int, decode=None) -> SyncRollout | AsyncRollout:
+    """The rollout `rollout.mode` names, on `engine` over the data order of `iterator`; `params`
+    sample every turn, with the seed `stable_seed(seed, "rollout", step)` of each step."""
     if r.mode == "sync":
-        return SyncRollout(workflow, engine, iterator, group_size=r.group_size, seed=cfg.train.seed)
+        return SyncRollout(workflow, engine, iterator, params, group_size=r.group_size, seed=seed)
     return AsyncRollout(
-        workflow, engine, iterator, group_size=r.group_size, tasks_per_step=r.batch_size // r.group_size,
-        max_staleness=r.max_staleness, max_concurrent=r.max_concurrent or r.batch_size, seed=cfg.train.seed, decode=decode,
+        workflow, engine, iterator, params, group_size=r.group_size, tasks_per_step=r.tasks_per_step,
+        max_staleness=r.max_staleness, max_concurrent=r.max_concurrent or r.batch_size, seed=seed, decode=decode,
     )

@@ -29,14 +29,16 @@ import os
 
 import torch
 
-from seekrl.engines.base import stop_window
+from seekrl.engines.base import InferenceEngine, stop_window
 from seekrl.types import Completion, SamplingParams
+
+__all__ = ["InterruptibleEngine"]
 
 
 class InterruptibleEngine:
     """Wraps an InferenceEngine: weight updates interrupt turns in flight, which then continue."""
 
-    def __init__(self, engine, decode=None):
+    def __init__(self, engine: InferenceEngine, decode=None):
         self.engine = engine
         self.decode = decode  # ids -> text (without skipping specials), for stop strings that span a cut
         self.interrupted = 0  # turns cut by a weight update (and continued), over the run
@@ -96,8 +98,32 @@ class InterruptibleEngine:
             self._updating = False
             ready.set()
 
-    def __getattr__(self, name):  # the rest of the protocol (version, pause, metrics, state_dict, close, ...) is the engine's
-        return getattr(self.engine, name)
+    # the rest of the InferenceEngine protocol is the wrapped engine's
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @property
+    def exact_logprobs(self) -> bool:
+        return self.engine.exact_logprobs
+
+    def pause(self, mode: str = "hold") -> None:
+        self.engine.pause(mode)
+
+    def resume(self) -> None:
+        self.engine.resume()
+
+    def metrics(self) -> dict[str, float]:
+        return self.engine.metrics()
+
+    def state_dict(self) -> dict:
+        return self.engine.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.engine.load_state_dict(state)
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 def _stop_across(decode, before: list[int], new: list[int], stops) -> int | None:

@@ -63,6 +63,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from seekrl.engines.launch import ENGINE_TOKEN_ENV
+from seekrl.servers.flags import engine_flags
 from seekrl.servers.guards import (
     Guard,
     HTTPError,
@@ -82,7 +84,7 @@ __all__ = ["make_app", "serve_engine", "run_from_args", "main", "TOKEN_ENV", "Ge
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "SEEKRL_ENGINE_TOKEN"
+TOKEN_ENV = ENGINE_TOKEN_ENV  # the variable started servers get their token in (engines/launch.py)
 DEFAULT_PORT = 30000  # SGLang's
 MAX_STOPS = 16
 
@@ -437,16 +439,12 @@ def serve_engine(
     if max_body_mb <= 0 or max_batch_size < 1 or max_prompts_per_request < 1:
         raise ValueError("--max-body-mb must be > 0, --max-batch-size and --max-prompts-per-request >= 1")
     token = resolve_token(token, token_env, host, "the engine")
-    import string
-
     import uvicorn
 
-    from seekrl.engines.local import LocalEngine
-    from seekrl.models import load_model
+    from seekrl.build import local_engine
 
-    model, tokenizer = load_model(model_path, dtype=dtype, device=device, tiny_texts=[string.printable], seed=seed)
-    engine = LocalEngine(model.eval().requires_grad_(False), tokenizer, max_batch_size=max_batch_size, seed=seed,
-                         compile=compile)
+    engine, tokenizer = local_engine(model_path, dtype=dtype, device=device, seed=seed, max_batch_size=max_batch_size,
+                                     compile=compile)
     app = make_app(engine, tokenizer, model_path=str(model_path), token=token, max_body_bytes=int(max_body_mb * 1e6),
                    max_prompts_per_request=max_prompts_per_request)
     import sys
@@ -461,15 +459,13 @@ def run_from_args(args: argparse.Namespace) -> None:
         args.model, host=args.host, port=args.port, token=args.token, token_env=args.token_env,
         max_batch_size=args.max_batch_size, seed=args.seed, max_body_mb=args.max_body_mb,
         max_prompts_per_request=args.max_prompts_per_request, dtype=args.dtype, device=args.device,
-        compile=getattr(args, "compile", "auto"),
+        compile=args.compile,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    from seekrl.cli import engine_server_flags
-
     p = argparse.ArgumentParser(prog="python -m seekrl.servers.engine", description="Serve a model on SGLang's native RL API.")
-    engine_server_flags(p)
+    engine_flags(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:

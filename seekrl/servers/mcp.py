@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 
 from seekrl.retrieval.retriever import LocalRetriever, load_index
+from seekrl.servers.flags import index_flags
 from seekrl.servers.guards import check_port, resolve_token, token_matches
 from seekrl.tools.search import format_passages
 
@@ -111,17 +112,17 @@ def serve_mcp(
     server.run(transport="http", host=host, port=port, show_banner=False, log_level="warning")
 
 
+def run_from_args(args: argparse.Namespace) -> None:
+    serve_mcp(args.index, host=args.host, port=args.port, transport="stdio" if args.stdio else "http", token=args.token,
+              topk=args.topk)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m seekrl.servers.mcp", description="Serve a seekrl index as an MCP search tool.")
-    p.add_argument("--index", required=True, help="index folder written by `seekrl index build`")
-    p.add_argument("--stdio", action="store_true", help="speak MCP over stdin/stdout instead of HTTP")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
-    p.add_argument("--topk", type=int, default=3, help="passages per search unless the call asks otherwise")
-    p.add_argument("--token", default=None, help=f"bearer token required over HTTP (default: ${TOKEN_ENV})")
+    index_flags(p, "mcp")
     args = p.parse_args(argv)
     try:
-        serve_mcp(args.index, host=args.host, port=args.port, transport="stdio" if args.stdio else "http", token=args.token, topk=args.topk)
+        run_from_args(args)
     except ValueError as e:
         p.exit(2, f"error: {e}\n")
 

@@ -53,6 +53,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from seekrl.models import encode_chat
+from seekrl.servers.flags import policy_flags
 from seekrl.servers.guards import (
     ClientGone,
     Guard,
@@ -358,37 +359,29 @@ def serve_policy(
     token = resolve_token(token, TOKEN_ENV, host, "the policy")
     import uvicorn
 
-    from seekrl.engines.local import LocalEngine
-    from seekrl.models import load_model
+    from seekrl.build import local_engine
 
-    model, tokenizer = load_model(model_path, dtype=dtype, device=device)
-    engine = LocalEngine(model.eval(), tokenizer, max_batch_size=max_batch_size)
+    engine, tokenizer = local_engine(model_path, dtype=dtype, device=device, max_batch_size=max_batch_size)
     app = make_app(engine, tokenizer, model_name=model_name or str(model_path), token=token, **app_kwargs)
     log.info("serving %s on http://%s:%d/v1", model_path, host, port)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
+def run_from_args(args: argparse.Namespace) -> None:
+    serve_policy(
+        args.model, host=args.host, port=args.port, token=args.token, dtype=args.dtype, device=args.device,
+        max_batch_size=args.max_batch_size, model_name=args.model_name, max_tokens_cap=args.max_tokens_cap,
+        max_prompts_per_request=args.max_prompts_per_request, max_completions_per_request=args.max_completions_per_request,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m seekrl.servers.policy", description="Serve a policy on an OpenAI-compatible API.")
-    p.add_argument("--model", required=True, help="HF folder with config.json, a .gguf file, or 'smollm2'")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8002)
-    p.add_argument("--token", default=None, help=f"bearer token required on /v1 (default: ${TOKEN_ENV})")
-    p.add_argument("--model-name", default=None, help="name in responses and /v1/models (default: --model)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens a request may ask for")
-    p.add_argument("--max-prompts-per-request", type=int, default=64, help="more prompts in one request is a 413")
-    p.add_argument("--max-completions-per-request", type=int, default=256, help="more prompts x n in one request is a 400")
+    policy_flags(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        serve_policy(
-            args.model, host=args.host, port=args.port, token=args.token, dtype=args.dtype, device=args.device,
-            max_batch_size=args.max_batch_size, model_name=args.model_name, max_tokens_cap=args.max_tokens_cap,
-            max_prompts_per_request=args.max_prompts_per_request, max_completions_per_request=args.max_completions_per_request,
-        )
+        run_from_args(args)
     except ValueError as e:
         p.exit(2, f"error: {e}\n")
 

@@ -28,9 +28,11 @@ Departures from Search-R1's server, all opt-in or error paths only:
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import logging
 import os
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -43,15 +45,18 @@ from seekrl.servers.guards import (
     HTTPError,
     add_status_routes,
     cancel_on_disconnect,
+    check_port,
     json_error,
     openapi_body,
+    resolve_token,
 )
 
-__all__ = ["QueryRequest", "make_app", "serve", "DEFAULT_TOPK"]
+__all__ = ["QueryRequest", "make_app", "serve", "serve_retriever", "DEFAULT_TOPK", "TOKEN_ENV"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TOPK = 3
+TOKEN_ENV = "SEEKRL_RETRIEVER_TOKEN"
 
 
 class QueryRequest(BaseModel):
@@ -150,3 +155,17 @@ def serve(
     app = make_app(index, token=token, **app_kwargs)
     log.info("serving %s (%d documents) on http://%s:%d/retrieve", index_dir, len(index.docs), host, port)
     uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+def serve_retriever(index: str, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> None:
+    """`seekrl serve retriever`: the index folder `index` on Search-R1's POST /retrieve API (blocks
+    until Ctrl-C). Without `token`, $SEEKRL_RETRIEVER_TOKEN is used when set (keeps the secret out of argv)."""
+    if not (Path(index) / "meta.json").is_file():
+        raise ValueError(f"{index!r} is not an index folder (no meta.json); build one with `seekrl index build`")
+    check_port(port)
+    token = resolve_token(token, TOKEN_ENV, host, "the retriever")
+    serve(index, host=host, port=port, token=token)
+
+
+def run_from_args(args: argparse.Namespace) -> None:
+    serve_retriever(args.index, host=args.host, port=args.port, token=args.token)

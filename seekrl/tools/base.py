@@ -35,6 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+__all__ = ["Tool", "tool", "ToolPolicy", "ToolCall", "ToolResult", "FunctionTool", "ToolRegistry", "schema_from_function",
+           "parse_docstring"]
+
 
 @dataclass(frozen=True)
 class ToolPolicy:

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 from seekrl.tools.base import ToolCall, ToolRegistry, ToolResult
 
+__all__ = ["ToolExecutor", "EpisodeToolState", "validate_args"]
+
 
 @dataclass
 class EpisodeToolState:

@@ -46,6 +46,9 @@ from dataclasses import dataclass, field
 
 from seekrl.tools.base import ToolCall, ToolResult
 
+__all__ = ["get_format", "FORMATS", "Parsed", "SearchR1Format", "DrTuluFormat", "HermesFormat", "tail_text",
+           "INVALID_SEARCH_R1"]
+
 INVALID_SEARCH_R1 = (
     "\nMy previous action is invalid. "
     "If I want to search, I should put the query between <search> and </search>. "

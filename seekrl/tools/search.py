@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from seekrl.tools.base import FunctionTool, ToolPolicy, tool
 
+__all__ = ["make_search_tool", "format_passages"]
+
 
 def format_passages(hits, words: int = 0) -> str:
     """`Doc i(Title: "t") text` lines, in rank order, as Search-R1's `_passages2string` writes

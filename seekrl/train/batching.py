@@ -1,14 +1,13 @@
-"""From trajectories to padded tensors, and the forward pass that scores completion tokens.
+"""One micro-batch: its tensors (right-padded, shared-prefix or packed), and the forward pass that
+scores its completion tokens.
 
 Layout. Every per-token tensor of the trainer is in *completion layout* `(B, C)`: row b holds
-trajectory b's completion tokens (sampled and inserted) at columns `0 .. len(completion)-1`,
-padded with zeros — the same indexing as `Trajectory.completion_ids`, `loss_mask`, `logprobs`.
-The model runs on the right-padded `prompt + completion` sequence; the LM head is applied only
-at the positions that predict completion tokens (hidden state at `P_b - 1 + c`), so prompt
-tokens never pay for a vocabulary-sized projection.
-
-Micro-batches are chosen by a token budget on the padded size after sorting by length, so a
-batch of short and long sequences does not pad everything to the longest.
+its completion tokens (sampled and inserted) at columns `0 .. len(completion)-1`, padded with
+zeros (train/batch.py `TokenBatch`). The model runs on the right-padded `prompt + completion`
+sequence; the LM head is applied only at the positions that predict completion tokens (hidden
+state at `P_b - 1 + c`), so prompt tokens never pay for a vocabulary-sized projection, and of
+those only at the positions asked for (`where_BC`: the update asks for the trained tokens, so
+tool output costs no projection either).
 
 Shared prefixes. The G samples of a task share their prompt. With `share_prefix` the prompt of
 each distinct prompt runs once (left-padded, `(U, Lp)`), its KV cache is expanded to the rows
@@ -16,6 +15,17 @@ that share it, and only the completions run on top of it (`(B, C)`); gradients f
 the expanded cache into the one prompt pass. With G = 8 and prompts as long as the completions
 this halves the tokens of the forward and backward. The result equals the full pass to float
 rounding (tested); it is off under gradient checkpointing, where transformers drops the cache.
+
+Packed. With `pack`, the decoder runs on the varlen-packed form of either layout when that
+saves rows (train/packing.py).
+
+Scoring. `completion_logprobs` gives the log-probs (and entropies) of the completion tokens at
+`where_BC`; `trained_hidden` gives the hidden states and targets there, for heads of other
+losses (SFT's cross-entropy). The LM head runs through `head_logprob_entropy`
+(algo/head_logprob.py) when the float32 logits would be large, chunk by chunk; both paths are
+equal to float rounding. Under FSDP2 the scoring functions are registered as forward methods of
+the sharded model (`FORWARD_METHODS`, parallel/fsdp.py), and `completion_logprobs` /
+`completion_logits` call them so that the root's weights are gathered around them.
 """
 
 from __future__ import annotations
@@ -26,15 +36,19 @@ import torch
 
 from seekrl.algo.head_logprob import head_logprob_entropy, worth_chunking
 from seekrl.algo.losses import entropy_from_logits
+from seekrl.models import unwrap_peft
+from seekrl.train.batch import TokenBatch
 from seekrl.train.packing import PackedFull, PackedPrefix, pack_full, pack_prefix, packed_hidden, saves_rows
-from seekrl.types import Trajectory
+
+__all__ = ["MicroBatch", "make_micro_batch", "completion_hidden", "trained_hidden", "completion_logits", "completion_logprobs",
+           "score_logits", "score_logprobs", "token_logprobs", "can_share_prefix", "FORWARD_METHODS"]
 
 
 @dataclass
 class MicroBatch:
-    """Padded tensors for a subset `index` of the trajectories of one update."""
+    """The tensors of rows `index` of a TokenBatch, on the trainer's device."""
 
-    index: list[int]  # positions in the update's trajectory list
+    index: list[int]  # rows of the update's TokenBatch
     input_ids_BL: torch.Tensor  # prompt + completion, right-padded
     attention_mask_BL: torch.Tensor
     gather_idx_BC: torch.Tensor  # hidden-state position predicting completion token c
@@ -47,106 +61,48 @@ class MicroBatch:
     row_prompt_B: torch.Tensor | None = None  # which distinct prompt each row continues
     prompt_len_B: torch.Tensor | None = None
     packed: PackedFull | PackedPrefix | None = None  # varlen-packed layout (train/packing.py); replaces the above
-    dummy: bool = False  # run only to keep the ranks' collectives in step (parallel/shards.py): loss × 0
+    dummy: bool = False  # run only to keep the ranks' collectives in step (train/plan.py): loss × 0
+
+    @property
+    def width(self) -> int:
+        """C of this micro-batch: its longest completion (at least 1)."""
+        return self.target_ids_BC.shape[1]
 
     @property
     def num_tokens(self) -> int:
         return int(self.loss_mask_BC.sum().item())
 
 
-def seq_len(t: Trajectory) -> int:
-    return len(t.prompt_ids) + len(t.completion_ids)
-
-
-def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Group indices so that `len(group) * max_len(group) <= token_budget` (at least one each).
-
-    Indices are sorted by length first, which keeps padding low. Returns groups in sorted order.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        new_longest = max(longest, lengths[i])
-        if current and new_longest * (len(current) + 1) > token_budget:
-            groups.append(current)
-            current, new_longest = [], lengths[i]
-        current.append(i)
-        longest = new_longest
-    if current:
-        groups.append(current)
-    return groups
-
-
-def plan_prefix_micro_batches(trajs: list[Trajectory], index: list[int], token_budget: int) -> list[list[int]]:
-    """Like `plan_micro_batches`, keeping rows with the same prompt together.
-
-    Cost of a micro-batch: distinct prompts × longest prompt + rows × longest completion, the
-    tokens the shared-prefix forward processes. Returns groups of positions into `index`.
-    """
-    keys = {i: tuple(trajs[i].prompt_ids) for i in index}
-    order = sorted(range(len(index)), key=lambda k: (len(keys[index[k]]), keys[index[k]], len(trajs[index[k]].completion_ids)))
-    groups: list[list[int]] = []
-    current: list[int] = []
-    prompts: set = set()
-    lp = lc = 0
-    for k in order:
-        t = trajs[index[k]]
-        key = keys[index[k]]
-        n_p = len(prompts | {key})
-        new_lp, new_lc = max(lp, len(key)), max(lc, len(t.completion_ids))
-        if current and n_p * new_lp + (len(current) + 1) * new_lc > token_budget:
-            groups.append(current)
-            current, prompts = [], set()
-            new_lp, new_lc = len(key), len(t.completion_ids)
-        current.append(k)
-        prompts.add(key)
-        lp, lc = new_lp, new_lc
-    if current:
-        groups.append(current)
-    return groups
-
-
-def pad_completion(values: list[list[float]], width: int, dtype=torch.float32) -> torch.Tensor:
-    """Per-trajectory completion-aligned lists → `(B, width)` tensor, zero-padded."""
-    out = torch.zeros(len(values), width, dtype=dtype)
-    for b, row in enumerate(values):
-        if row:
-            out[b, : len(row)] = torch.as_tensor(row, dtype=dtype)
-    return out
-
-
-def make_micro_batch(trajs: list[Trajectory], index: list[int], pad_id: int, device, share_prefix: bool = False,
+def make_micro_batch(batch: TokenBatch, index: list[int], pad_id: int, device, share_prefix: bool = False,
                      always_prefix: bool = False, pack: bool = False) -> MicroBatch:
-    """The padded tensors of rows `index`; with `share_prefix`, the shared-prefix layout when some
-    rows share a prompt (`always_prefix`: even when none do, so that every micro-batch runs the
-    decoder twice, as FSDP ranks must all do the same passes: parallel/shards.py); with `pack`, the
-    decoder runs on the varlen-packed form of that layout (train/packing.py) instead."""
-    rows = [trajs[i] for i in index]
-    L = max(seq_len(t) for t in rows)
-    C = max(1, max(len(t.completion_ids) for t in rows))
-    B = len(rows)
+    """The tensors of rows `index`; with `share_prefix`, the shared-prefix layout when some rows
+    share a prompt (`always_prefix`: even when none do, so that every micro-batch runs the decoder
+    twice, as FSDP ranks must all do the same passes: train/plan.py); with `pack`, the decoder runs
+    on the varlen-packed form of that layout (train/packing.py) instead."""
+    prompts = [batch.prompt_ids[i] for i in index]
+    comps = [batch.completion_ids[i] for i in index]
+    L = max(len(p) + len(c) for p, c in zip(prompts, comps))
+    C = max(1, max(len(c) for c in comps))
+    B = len(index)
     input_ids = torch.full((B, L), pad_id, dtype=torch.long)
     attn = torch.zeros(B, L, dtype=torch.long)
     gather = torch.zeros(B, C, dtype=torch.long)
     targets = torch.zeros(B, C, dtype=torch.long)
     token_mask = torch.zeros(B, C)
-    loss_mask = torch.zeros(B, C)
-    for b, t in enumerate(rows):
-        P, n = len(t.prompt_ids), len(t.completion_ids)
-        input_ids[b, : P + n] = torch.as_tensor(t.prompt_ids + t.completion_ids)
+    for b, (p, c) in enumerate(zip(prompts, comps)):
+        P, n = len(p), len(c)
+        input_ids[b, : P + n] = torch.as_tensor(p + c)
         attn[b, : P + n] = 1
         if n:
             gather[b, :n] = torch.arange(P - 1, P - 1 + n)
-            targets[b, :n] = torch.as_tensor(t.completion_ids)
+            targets[b, :n] = torch.as_tensor(c)
             token_mask[b, :n] = 1
-            loss_mask[b, :n] = torch.as_tensor(t.loss_mask, dtype=torch.float32)
+    loss_mask = batch.loss_mask_BC[index, :C].clone()
     prefix: dict = {}
     if share_prefix:
         distinct: dict[tuple, int] = {}
-        row_prompt = [distinct.setdefault(tuple(t.prompt_ids), len(distinct)) for t in rows]
-        if (len(distinct) < B or always_prefix) and all(len(t.prompt_ids) > 0 for t in rows):
+        row_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        if (len(distinct) < B or always_prefix) and all(len(p) > 0 for p in prompts):
             P = max(len(k) for k in distinct)
             prompt_ids = torch.full((len(distinct), P), pad_id, dtype=torch.long)
             prompt_mask = torch.zeros(len(distinct), P, dtype=torch.long)
@@ -156,16 +112,15 @@ def make_micro_batch(trajs: list[Trajectory], index: list[int], pad_id: int, dev
             prefix = dict(
                 prompt_ids_UP=prompt_ids.to(device), prompt_mask_UP=prompt_mask.to(device),
                 row_prompt_B=torch.as_tensor(row_prompt).to(device),
-                prompt_len_B=torch.as_tensor([len(t.prompt_ids) for t in rows]).to(device),
+                prompt_len_B=torch.as_tensor([len(p) for p in prompts]).to(device),
             )
-    lengths = [len(t.completion_ids) for t in rows] if prefix else [seq_len(t) for t in rows]
+    lengths = [len(c) for c in comps] if prefix else [len(p) + len(c) for p, c in zip(prompts, comps)]
     if pack and saves_rows(lengths):
-        prompts, comps = [t.prompt_ids for t in rows], [t.completion_ids for t in rows]
         packed = pack_prefix(prompts, comps, pad_id) if prefix else pack_full(prompts, comps, pad_id)
         prefix = {"packed": packed.to(device)}
     return MicroBatch(
         **prefix,
-        index=index,
+        index=list(index),
         input_ids_BL=input_ids.to(device),
         attention_mask_BL=attn.to(device),
         gather_idx_BC=gather.to(device),
@@ -175,19 +130,15 @@ def make_micro_batch(trajs: list[Trajectory], index: list[int], pad_id: int, dev
     )
 
 
-def _unwrap(model):
-    """The transformers CausalLM under a peft wrapper, if any."""
-    base = model
-    if hasattr(base, "get_base_model"):
-        base = base.get_base_model()
-    return base
+def _decoder(model):
+    base = unwrap_peft(model)
+    # peft wraps the inner modules in place, so calling the decoder still applies LoRA.
+    return base.get_decoder() if hasattr(base, "get_decoder") else base.model
 
 
 def completion_hidden(model, mb: MicroBatch) -> torch.Tensor:
     """Hidden states `(B, C, H)` at the positions that predict each completion token."""
-    base = _unwrap(model)
-    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
-    # peft wraps the inner modules in place, so calling the decoder still applies LoRA.
+    decoder = _decoder(model)
     if mb.packed is not None:
         return packed_hidden(decoder, mb.packed)
     if mb.prompt_ids_UP is not None:
@@ -222,50 +173,35 @@ def _shared_prefix_hidden(decoder, mb: MicroBatch) -> torch.Tensor:
 
 def can_share_prefix(model) -> bool:
     """The shared-prefix pass needs the KV cache, which gradient checkpointing turns off."""
-    base = _unwrap(model)
+    base = unwrap_peft(model)
     if hasattr(base, "is_activation_checkpointing"):  # transformers 5: the old name warns that it is deprecated
         return not base.is_activation_checkpointing
     return not getattr(base, "is_gradient_checkpointing", False)
 
 
-def completion_logits(model, mb: MicroBatch, temperature: float) -> torch.Tensor:
-    """Temperature-scaled logits `(B, C, V)` (float32) for the completion tokens only."""
-    scores = getattr(model, "seekrl_completion_logits", None)  # FSDP2: the same, registered as a forward method
-    if scores is not None:
-        return scores(mb, temperature)
-    return _completion_logits(model, mb, temperature)
-
-
-def _completion_logits(model, mb: MicroBatch, temperature: float) -> torch.Tensor:
+def trained_hidden(model, mb: MicroBatch, where_BC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(hidden_NH, target_N, where_BC)`: the hidden states predicting the completion tokens at
+    `where_BC` (default: every completion token), row by row, their target ids, and the boolean
+    mask they were taken at."""
     hidden_BCH = completion_hidden(model, mb)
-    head = _unwrap(model).get_output_embeddings()
+    where_BC = (mb.token_mask_BC if where_BC is None else where_BC) > 0
+    return hidden_BCH[where_BC], mb.target_ids_BC[where_BC], where_BC
+
+
+def score_logits(model, mb: MicroBatch, temperature: float) -> torch.Tensor:
+    """Temperature-scaled logits `(B, C, V)` (float32) for the completion tokens only (no FSDP dispatch)."""
+    hidden_BCH = completion_hidden(model, mb)
+    head = unwrap_peft(model).get_output_embeddings()
     logits_BCV = head(hidden_BCH).float()
     t = temperature if temperature > 0 else 1.0
     return logits_BCV / t if t != 1.0 else logits_BCV
 
 
-def completion_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: bool = False,
-                        where_BC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs `(B, C)` of the completion tokens (and their entropies, or None), float32, scored
-    at the positions `where_BC` (default: every completion token) and 0 elsewhere.
-
-    The LM head runs only at the positions asked for (the update asks for the trained tokens: tool
-    output costs no vocabulary projection); when their float32 logits would exceed
-    `head_logprob.KEEP_BYTES` it runs through `head_logprob_entropy` (algo/head_logprob.py), chunk
-    by chunk, never materialising them whole. A head that is not a plain `nn.Linear` (a
-    LoRA-wrapped head) takes the plain path; both are equal to float rounding."""
-    scores = getattr(model, "seekrl_completion_logprobs", None)  # FSDP2: the same, registered as a forward method
-    if scores is not None:
-        return scores(mb, temperature, entropy=entropy, where_BC=where_BC)
-    return _completion_logprobs(model, mb, temperature, entropy=entropy, where_BC=where_BC)
-
-
-def _completion_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: bool = False,
-                         where_BC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    head = _unwrap(model).get_output_embeddings()
-    hidden_BCH = completion_hidden(model, mb)
-    where_BC = (mb.token_mask_BC if where_BC is None else where_BC) > 0
-    hidden_NH, target_N = hidden_BCH[where_BC], mb.target_ids_BC[where_BC]
+def score_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: bool = False,
+                   where_BC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`completion_logprobs` without the FSDP dispatch (what is registered as the forward method)."""
+    head = unwrap_peft(model).get_output_embeddings()
+    hidden_NH, target_N, where_BC = trained_hidden(model, mb, where_BC)
     vocab = head.weight.shape[0] if hasattr(head, "weight") else 0
     if isinstance(head, torch.nn.Linear) and worth_chunking(len(target_N), vocab):
         logp_N, ent_N = head_logprob_entropy(hidden_NH, head.weight, head.bias, target_N, temperature, entropy=entropy)
@@ -275,9 +211,30 @@ def _completion_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: 
         z_NV = z_NV / t if t != 1.0 else z_NV
         logp_N = token_logprobs(z_NV, target_N)
         ent_N = entropy_from_logits(z_NV) if entropy else None
-    zeros_BC = torch.zeros(where_BC.shape, dtype=torch.float32, device=hidden_BCH.device)
+    zeros_BC = torch.zeros(where_BC.shape, dtype=torch.float32, device=hidden_NH.device)
     logp_BC = zeros_BC.masked_scatter(where_BC, logp_N)
     return logp_BC, zeros_BC.masked_scatter(where_BC, ent_N) if ent_N is not None else None
+
+
+FORWARD_METHODS = {"seekrl_completion_logits": score_logits, "seekrl_completion_logprobs": score_logprobs}
+
+
+def completion_logits(model, mb: MicroBatch, temperature: float) -> torch.Tensor:
+    """Temperature-scaled logits `(B, C, V)` (float32) for the completion tokens only."""
+    scores = getattr(model, "seekrl_completion_logits", None)  # FSDP2: the same, registered as a forward method
+    if scores is not None:
+        return scores(mb, temperature)
+    return score_logits(model, mb, temperature)
+
+
+def completion_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: bool = False,
+                        where_BC: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs `(B, C)` of the completion tokens (and their entropies, or None), float32, scored
+    at the positions `where_BC` (default: every completion token) and 0 elsewhere (module docstring)."""
+    scores = getattr(model, "seekrl_completion_logprobs", None)  # FSDP2: the same, registered as a forward method
+    if scores is not None:
+        return scores(mb, temperature, entropy=entropy, where_BC=where_BC)
+    return score_logprobs(model, mb, temperature, entropy=entropy, where_BC=where_BC)
 
 
 def token_logprobs(logits_BCV: torch.Tensor, target_ids_BC: torch.Tensor) -> torch.Tensor:

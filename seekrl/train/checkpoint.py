@@ -19,11 +19,14 @@ A checkpoint is a folder `ckpt_root/step_<N>/`:
     state.json                  the caller's loop state (step, data iterator, KL controller, ...)
 
 Nothing is unpickled here (no torch.load); the one pickle in a checkpoint, the `.metadata`
-index DCP writes into an optimizer_dcp/ folder, is read by parallel/dcp.py with an unpickler that
+index DCP writes into an optimizer_dcp/ folder, is read by checkpoint_dcp.py with an unpickler that
 admits only DCP's metadata classes, torch sizes, dtypes and layouts, and DCP reads its tensor
 files with `torch.load(weights_only=True)`; so loading a checkpoint cannot run code. One process writes the
 folder (rank 0 under torch distributed); with a sharded optimizer every rank writes its shard
-into it (parallel/checkpoint.py).
+into it (`save_ranks_checkpoint`: rank 0 writes the model from its full copy, the critic gathered,
+the scheduler, RNG and loop state; every rank its shard into `optimizer_dcp/` before rank 0 writes
+state.json, which marks the folder complete; with train.fsdp=none rank 0 writes the one-process
+layout). Loading reshards: a checkpoint of N ranks resumes on M ranks or on one.
 
 Crash safety. A checkpoint is written into `step_<N>.tmp/` (state.json last) and renamed into
 place when complete; then the pointer `ckpt_root/latest` (one line: the folder name, e.g.
@@ -62,104 +65,24 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from seekrl.train.checkpoint_verify import CheckpointError, verify_checkpoint  # noqa: F401 (public here)
+from seekrl.errors import CheckpointError
+from seekrl.models import is_peft, unwrap_module
+from seekrl.parallel.fsdp import full_state_dict, is_sharded, load_full_state_dict
+from seekrl.parallel.ranks import Ranks
+from seekrl.train.checkpoint_dcp import load_full_optimizer_sharded, load_sharded_optimizer, save_sharded_optimizer
+from seekrl.train.checkpoint_tree import load_tree, save_tree
+from seekrl.train.checkpoint_verify import verify_checkpoint
+
+__all__ = ["save_checkpoint", "save_ranks_checkpoint", "load_checkpoint", "resume_checkpoint", "find_checkpoint",
+           "latest_checkpoint", "list_checkpoints", "load_optimizer", "LATEST"]
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 LATEST = "latest"  # ckpt_root/latest: the name of the newest complete checkpoint folder
-_TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
-_DROP = object()  # a value that cannot be stored (lossy mode only)
-
-
-# --------------------------------------------------------------------------- tree <-> JSON + tensors
-def _flatten(obj: Any, path: str, tensors: dict[str, torch.Tensor], strict: bool) -> Any:
-    """Turn a nested state_dict into JSON, moving every tensor into `tensors` under its path.
-
-    Tensors become {"__tensor__": path}, tuples {"__tuple__": [...]}, dicts with non-string keys
-    (optimizer state is keyed by parameter index) {"__items__": [[key, value], ...]}. Values of
-    other types raise in strict mode and are dropped otherwise (scheduler lambdas' attributes;
-    inside a list they become None).
-    """
-    if isinstance(obj, torch.Tensor):
-        if path in tensors:
-            raise ValueError(f"checkpoint: two tensors map to the key {path!r}")
-        tensors[path] = obj.detach().cpu().contiguous()
-        return {_TENSOR: path}
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, (list, tuple)):
-        items = [_flatten(v, f"{path}.{i}" if path else str(i), tensors, strict) for i, v in enumerate(obj)]
-        items = [None if v is _DROP else v for v in items]  # keep positions (lr_lambdas: None = skip)
-        return {_TUPLE: items} if isinstance(obj, tuple) else items
-    if isinstance(obj, dict):
-        plain = all(isinstance(k, str) for k in obj) and not ({_TENSOR, _TUPLE, _ITEMS} & set(obj))
-        pairs = []
-        for key, value in obj.items():
-            if not (key is None or isinstance(key, (bool, int, float, str))):
-                raise TypeError(f"checkpoint: cannot store dict key {key!r} at {path or '<root>'}")
-            enc = _flatten(value, f"{path}.{key}" if path else str(key), tensors, strict)
-            if enc is not _DROP:
-                pairs.append((key, enc))
-        return dict(pairs) if plain else {_ITEMS: [list(p) for p in pairs]}
-    if strict:
-        raise TypeError(f"checkpoint: cannot store {type(obj).__name__} at {path or '<root>'} as JSON or a tensor")
-    return _DROP
-
-
-def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    """Inverse of `_flatten`."""
-    if isinstance(obj, list):
-        return [_unflatten(v, tensors) for v in obj]
-    if isinstance(obj, dict):
-        if set(obj) == {_TENSOR}:
-            return tensors[obj[_TENSOR]]
-        if set(obj) == {_TUPLE}:
-            return tuple(_unflatten(v, tensors) for v in obj[_TUPLE])
-        if set(obj) == {_ITEMS}:
-            return {key: _unflatten(value, tensors) for key, value in obj[_ITEMS]}
-        return {key: _unflatten(value, tensors) for key, value in obj.items()}
-    return obj
-
-
-def _save_tree(folder: Path, name: str, tree: Any, strict: bool = True) -> None:
-    """Write `tree` as folder/name.json (+ folder/name.safetensors when it holds tensors)."""
-    tensors: dict[str, torch.Tensor] = {}
-    encoded = _flatten(tree, "", tensors, strict)
-    if tensors:
-        save_file(tensors, str(folder / f"{name}.safetensors"))
-    (folder / f"{name}.json").write_text(json.dumps(encoded))
-
-
-def _load_tree(folder: Path, name: str) -> Any:
-    json_path, st_path = folder / f"{name}.json", folder / f"{name}.safetensors"
-    if not json_path.exists():
-        raise FileNotFoundError(f"checkpoint {folder} has no {name} state ({json_path.name}); it was saved without one")
-    tensors = load_file(str(st_path)) if st_path.exists() else {}
-    return _unflatten(json.loads(json_path.read_text()), tensors)
-
-
 # --------------------------------------------------------------------------- models
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module under DDP / DataParallel / torch.compile wrappers."""
-    while True:
-        if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
-
-
-def _is_peft(model: torch.nn.Module) -> bool:
-    peft = sys.modules.get("peft")  # a peft model can only exist if peft was imported
-    return peft is not None and isinstance(model, peft.PeftModel)
-
-
 def _save_model(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
-    model = _unwrap(model)
+    model = unwrap_module(model)
     model_dir = folder / "model"
-    if _is_peft(model):
+    if is_peft(model):
         model.save_pretrained(str(folder / "adapter"), safe_serialization=True)
         merged = copy.deepcopy(model).merge_and_unload()  # a copy: the live model keeps its adapter
         merged.save_pretrained(str(model_dir))
@@ -176,8 +99,8 @@ def _save_model(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
 
 
 def _load_model(model: torch.nn.Module, folder: Path) -> None:
-    model = _unwrap(model)
-    if _is_peft(model):
+    model = unwrap_module(model)
+    if is_peft(model):
         from peft import set_peft_model_state_dict
 
         adapter_file = folder / "adapter" / "adapter_model.safetensors"
@@ -194,8 +117,6 @@ def _load_model(model: torch.nn.Module, folder: Path) -> None:
     for f in files:
         weights.update(load_file(str(f)))
     if _is_sharded(model):  # FSDP2 over several ranks: every rank reads the full weights and keeps its shard
-        from seekrl.parallel.fsdp import load_full_state_dict
-
         load_full_state_dict(model, weights)
         return
     result = model.load_state_dict(weights, strict=False)
@@ -213,8 +134,6 @@ def _load_model(model: torch.nn.Module, folder: Path) -> None:
 
 # --------------------------------------------------------------------------- optimizer, either layout
 def _is_sharded(model: torch.nn.Module | None) -> bool:
-    from seekrl.parallel.fsdp import is_sharded
-
     return model is not None and is_sharded(model)
 
 
@@ -222,26 +141,20 @@ def load_optimizer(folder: Path, name: str, model: torch.nn.Module | None, optim
     """The optimizer state in either layout (full `<name>.json` or sharded `<name>_dcp/`) into
     `optimizer`, sharded over ranks or not: N ranks → M ranks."""
     if (folder / f"{name}_dcp").is_dir():
-        from seekrl.parallel.dcp import load_sharded_optimizer
-
         if model is None:
             raise CheckpointError("", f"{name}_dcp/ is keyed by parameter name: pass the model with the optimizer")
         load_sharded_optimizer(folder, name, model, optimizer)
     elif _is_sharded(model):
-        from seekrl.parallel.dcp import load_full_optimizer_sharded
-
-        load_full_optimizer_sharded(_load_tree(folder, name), model, optimizer)
+        load_full_optimizer_sharded(load_tree(folder, name), model, optimizer)
     else:
-        optimizer.load_state_dict(_load_tree(folder, name))
+        optimizer.load_state_dict(load_tree(folder, name))
 
 
 def _load_critic(critic: torch.nn.Module, folder: Path) -> None:
     if _is_sharded(critic):
-        from seekrl.parallel.fsdp import load_full_state_dict
-
         load_full_state_dict(critic, load_file(str(folder / "critic.safetensors")))
     else:
-        load_model(_unwrap(critic), str(folder / "critic.safetensors"), strict=True)
+        load_model(unwrap_module(critic), str(folder / "critic.safetensors"), strict=True)
 
 
 # --------------------------------------------------------------------------- RNG
@@ -417,7 +330,7 @@ def save_checkpoint(
     `state` must be JSON-serializable. `keep_last=K` then deletes complete checkpoints until K
     are left: this one and the newest K-1 others (by step number); None keeps all. `critic` may
     be its gathered weights (a dict). `before_state(tmp)` runs before state.json marks the folder
-    complete: the trainer ranks write their optimizer shards there (parallel/checkpoint.py).
+    complete: the trainer ranks write their optimizer shards there (`save_ranks_checkpoint`).
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -434,15 +347,15 @@ def save_checkpoint(
 
     _save_model(model, tokenizer, tmp)
     if optimizer is not None:
-        _save_tree(tmp, "optimizer", optimizer.state_dict())
+        save_tree(tmp, "optimizer", optimizer.state_dict())
     if scheduler is not None:
-        _save_tree(tmp, "scheduler", scheduler.state_dict(), strict=False)
+        save_tree(tmp, "scheduler", scheduler.state_dict(), strict=False)
     if isinstance(critic, dict):
         save_file({k: v.contiguous() for k, v in critic.items()}, str(tmp / "critic.safetensors"))
     elif critic is not None:
-        save_model(_unwrap(critic), str(tmp / "critic.safetensors"))
+        save_model(unwrap_module(critic), str(tmp / "critic.safetensors"))
     if critic_optimizer is not None:
-        _save_tree(tmp, "critic_optimizer", critic_optimizer.state_dict())
+        save_tree(tmp, "critic_optimizer", critic_optimizer.state_dict())
     _save_rng(tmp)
     if before_state is not None:
         before_state(tmp)
@@ -501,7 +414,7 @@ def load_checkpoint(
     if optimizer is not None:
         load_optimizer(folder, "optimizer", model, optimizer)
     if scheduler is not None:
-        scheduler.load_state_dict(_load_tree(folder, "scheduler"))
+        scheduler.load_state_dict(load_tree(folder, "scheduler"))
     if critic is not None:
         _load_critic(critic, folder)
     if critic_optimizer is not None:
@@ -509,3 +422,35 @@ def load_checkpoint(
     if restore_rng:
         _load_rng(folder)
     return state
+
+
+# --------------------------------------------------------------------------- several trainer ranks
+def save_ranks_checkpoint(ranks: Ranks, ckpt_root: Path, step: int, *, model, full_model, tokenizer, optimizer, scheduler,
+                          critic=None, critic_optimizer=None, state: dict, keep_last: int | None) -> Path | None:
+    """Every rank calls this; returns the folder on rank 0 (None on the others)."""
+    if not ranks.sharded:
+        path = None
+        if ranks.is_main:
+            path = save_checkpoint(ckpt_root, step, model=full_model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                                   critic=critic, critic_optimizer=critic_optimizer, state=state, keep_last=keep_last)
+        ranks.barrier()
+        return path
+    critic_weights = full_state_dict(critic, ranks) if critic is not None else None
+
+    def write_shards(tmp: Path) -> None:
+        save_sharded_optimizer(tmp, "optimizer", model, optimizer, ranks.is_main)
+        if critic is not None:
+            save_sharded_optimizer(tmp, "critic_optimizer", critic, critic_optimizer, ranks.is_main)
+
+    def rank0_shards(tmp: Path) -> None:  # inside save_checkpoint, before state.json: the others join here
+        ranks.broadcast_json(str(tmp))
+        write_shards(tmp)
+
+    path = None
+    if ranks.is_main:
+        path = save_checkpoint(ckpt_root, step, model=full_model, tokenizer=tokenizer, scheduler=scheduler, critic=critic_weights,
+                               state=state, keep_last=keep_last, before_state=rank0_shards)
+    else:
+        write_shards(Path(ranks.broadcast_json(None)))
+    ranks.barrier()  # no rank goes on before the checkpoint is complete
+    return path

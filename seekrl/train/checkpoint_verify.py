@@ -3,7 +3,7 @@
 `verify_checkpoint` reads no tensor data: it checks that every file the load would read exists
 and parses (state.json an object with an integer "step" when resuming; every JSON file; every
 safetensors header, and the file as long as the header says; the tensors a tree's JSON names;
-a sharded optimizer's DCP index and shard files, parallel/dcp.py). A problem raises
+a sharded optimizer's DCP index and shard files, checkpoint_dcp.py). A problem raises
 CheckpointError with the folder and one reason.
 """
 
@@ -17,18 +17,12 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from seekrl.config import ConfigError
+from seekrl.errors import CheckpointError
+from seekrl.models import is_peft, unwrap_module
+from seekrl.train.checkpoint_dcp import check_dcp
+from seekrl.train.checkpoint_tree import tensor_refs
 
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be loaded: missing, incomplete, corrupt or of another kind of run.
-
-    A ConfigError because `train.resume` chose it: the CLI prints the one-line message and exits
-    2. `reason` is the problem without the folder ("state.json is not valid JSON (...)")."""
-
-    def __init__(self, message: str, reason: str = "") -> None:
-        super().__init__(message)
-        self.reason = reason or message
+__all__ = ["verify_checkpoint"]
 
 
 def _json_file(folder: Path, rel: str) -> Any:
@@ -40,24 +34,8 @@ def _json_file(folder: Path, rel: str) -> Any:
         raise CheckpointError("", f"{rel} is not valid JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
 
-def _tensor_refs(obj: Any, out: set[str]) -> set[str]:
-    """The tensor keys a tree written by `_save_tree` refers to."""
-    from seekrl.train.checkpoint import _TENSOR
-
-    if isinstance(obj, list):
-        for v in obj:
-            _tensor_refs(v, out)
-    elif isinstance(obj, dict):
-        if set(obj) == {_TENSOR}:
-            out.add(str(obj[_TENSOR]))
-        else:
-            for v in obj.values():
-                _tensor_refs(v, out)
-    return out
-
-
 def _check_tree(folder: Path, name: str, keys: dict[str, set[str]]) -> None:
-    refs = _tensor_refs(_json_file(folder, f"{name}.json"), set())
+    refs = tensor_refs(_json_file(folder, f"{name}.json"))
     if not refs:
         return
     st = f"{name}.safetensors"
@@ -74,7 +52,6 @@ def _verified_state(
 ) -> Any:
     """The checkpoint's state (state.json) if `folder` is intact for this load; raises
     CheckpointError with only `reason` set otherwise."""
-    from seekrl.train.checkpoint import _is_peft, _unwrap
     if not folder.exists():
         raise CheckpointError("", "does not exist")
     if not folder.is_dir():
@@ -103,7 +80,7 @@ def _verified_state(
             except Exception as e:  # SafetensorError (a bare Exception subclass), OSError
                 raise CheckpointError("", f"{rel} is truncated or not safetensors ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if model is not None:
-        if _is_peft(_unwrap(model)):
+        if is_peft(unwrap_module(model)):
             if "adapter/adapter_model.safetensors" not in keys:
                 raise CheckpointError("", "adapter/adapter_model.safetensors is missing (the model is a peft model)")
         elif not any(k.startswith("model/") and k.count("/") == 1 for k in keys):
@@ -117,8 +94,6 @@ def _verified_state(
                 raise CheckpointError("", f"{absent[0]} is missing (model.safetensors.index.json names it)")
     for wanted, name in ((optimizer, "optimizer"), (scheduler, "scheduler"), (critic_optimizer, "critic_optimizer")):
         if wanted and (folder / f"{name}_dcp").is_dir():
-            from seekrl.parallel.dcp import check_dcp
-
             check_dcp(folder, name)
         elif wanted:
             if not (folder / f"{name}.json").is_file():

@@ -9,8 +9,8 @@
 KL in the reward (`algo.kl_in=reward`): PPO and REINFORCE++ subtract `coef * kl_t` at every
 sampled token (InstructGPT); the outcome-only estimators (GRPO family) subtract
 `coef * Σ_t kl_t` from the sequence reward before the group baseline. Everything returned is
-in completion layout (one list per trajectory, aligned with `completion_ids`); inserted tokens
-get advantage 0 and are skipped by GAE.
+in completion layout `(B, C)` (train/batch.py), zero past each row's end; inserted tokens get
+advantage 0 and are skipped by GAE.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from seekrl.algo.advantages import gae, group_advantages, kl_estimate, token_rewards_with_kl, whiten
-from seekrl.train.batching import pad_completion
-from seekrl.types import Trajectory
+from seekrl.train.batch import TokenBatch
+
+__all__ = ["GROUP_ESTIMATORS", "Estimate", "estimate_advantages"]
 
 GROUP_ESTIMATORS = {
     "grpo": dict(baseline="mean", scale="std"),
@@ -32,52 +33,47 @@ GROUP_ESTIMATORS = {
 
 @dataclass
 class Estimate:
-    adv: list[list[float]]  # per token
-    returns: list[list[float]] | None  # per token (PPO critic targets)
+    adv_BC: torch.Tensor  # per token
+    returns_BC: torch.Tensor | None  # per token (PPO critic targets)
     kl_mean: float | None  # mean per-token KL(policy_old || ref) on sampled tokens, when computed
-
-
-def _unpad(x_BC: torch.Tensor, trajs: list[Trajectory]) -> list[list[float]]:
-    return [x_BC[b, : len(t.completion_ids)].tolist() for b, t in enumerate(trajs)]
 
 
 def estimate_advantages(
     algo: str,
-    trajs: list[Trajectory],
-    group_ids: list[int],
+    batch: TokenBatch,
     *,
-    old_logp: list[list[float]] | None = None,
-    ref_logp: list[list[float]] | None = None,
+    ref_logp_BC: torch.Tensor | None = None,
     kl_coef_in_reward: float = 0.0,
     kl_estimator: str = "k1",
-    values: list[list[float]] | None = None,
+    values_BC: torch.Tensor | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
 ) -> Estimate:
-    C = max(1, max(len(t.completion_ids) for t in trajs))
-    mask_BC = pad_completion([t.loss_mask for t in trajs], C)
-    rewards_B = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+    """Advantages (and PPO's returns) of `batch` for `algo.name`; the KL against the reference
+    is taken from `batch.old_logp_BC` and `ref_logp_BC` when both are given."""
+    mask_BC = batch.loss_mask_BC
+    rewards_B = batch.rewards_B
     kl_BC = None
     kl_mean = None
-    if ref_logp is not None and old_logp is not None:
-        kl_BC = kl_estimate(pad_completion(old_logp, C), pad_completion(ref_logp, C), kind=kl_estimator) * mask_BC
+    if ref_logp_BC is not None and batch.old_logp_BC is not None:
+        kl_BC = kl_estimate(batch.old_logp_BC, ref_logp_BC, kind=kl_estimator) * mask_BC
         kl_mean = float(kl_BC.sum() / mask_BC.sum().clamp(min=1))
 
     if algo in GROUP_ESTIMATORS:
         if kl_BC is not None and kl_coef_in_reward > 0:
             rewards_B = rewards_B - kl_coef_in_reward * kl_BC.sum(-1)
-        adv_B = group_advantages(rewards_B, torch.tensor(group_ids), **GROUP_ESTIMATORS[algo])
-        return Estimate(_unpad(adv_B[:, None] * mask_BC, trajs), None, kl_mean)
+        adv_B = group_advantages(rewards_B, batch.group_ids_B, **GROUP_ESTIMATORS[algo])
+        return Estimate(batch.trim(adv_B[:, None] * mask_BC), None, kl_mean)
 
     coef = kl_coef_in_reward if kl_BC is not None else 0.0
     token_rewards_BC = token_rewards_with_kl(rewards_B, kl_BC if kl_BC is not None else torch.zeros_like(mask_BC), mask_BC, coef)
     if algo == "reinforce_pp":
         # Return-to-go with gamma = 1 is GAE with zero values and lam = 1; then batch whitening.
         returns_BC, _ = gae(token_rewards_BC, torch.zeros_like(mask_BC), mask_BC, 1.0, 1.0)
-        return Estimate(_unpad(whiten(returns_BC, mask_BC) * mask_BC, trajs), None, kl_mean)
+        return Estimate(batch.trim(whiten(returns_BC, mask_BC) * mask_BC), None, kl_mean)
     if algo == "ppo":
-        if values is None:
+        if values_BC is None:
             raise ValueError("ppo needs the critic's values")
-        adv_BC, returns_BC = gae(token_rewards_BC, pad_completion(values, C), mask_BC, gamma, lam)
-        return Estimate(_unpad(whiten(adv_BC, mask_BC) * mask_BC, trajs), _unpad(returns_BC, trajs), kl_mean)
+        adv_BC, returns_BC = gae(token_rewards_BC, values_BC, mask_BC, gamma, lam)
+        return Estimate(batch.trim(whiten(adv_BC, mask_BC) * mask_BC), batch.trim(returns_BC), kl_mean)
     raise ValueError(f"unknown algorithm '{algo}'")

@@ -22,14 +22,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from seekrl.types import Trajectory
+import torch
+
+from seekrl.algo.config import AlgoConfig
+from seekrl.train.batch import TokenBatch
+
+__all__ = ["OldLogprobs", "loglinear_alpha", "old_logprobs"]
 
 
 @dataclass
 class OldLogprobs:
-    old: list[list[float]]  # the ratio's denominator: behaviour (plain), proximal (recompute), behaviour until the loss interpolates (loglinear)
-    behav: list[list[float]] | None = None  # decoupled: the engine's log-probs
-    alpha: list[list[float]] | None = None  # loglinear: the interpolation weight per token
+    old_BC: torch.Tensor  # the ratio's denominator: behaviour (plain), proximal (recompute), behaviour until the loss interpolates (loglinear)
+    alpha_BC: torch.Tensor | None = None  # loglinear: the interpolation weight per token
 
 
 def loglinear_alpha(versions: list[int], trained_version: int) -> list[float]:
@@ -38,15 +42,21 @@ def loglinear_alpha(versions: list[int], trained_version: int) -> list[float]:
     return [0.0 if vb < 0 or vb >= v else (v - vb) / (v + 1 - vb) for vb in versions]
 
 
-def old_logprobs(cfg, trainer, trajs: list[Trajectory], trained_version: int, reuse: bool) -> OldLogprobs:
+def old_logprobs(a: AlgoConfig, trainer, batch: TokenBatch, trained_version: int, reuse: bool) -> OldLogprobs:
     """The denominators of the step's update (module docstring). `reuse`: the engine's log-probs
-    are exact for the trainer's weights at the version that sampled them."""
-    a = cfg.algo
-    behav = [t.logprobs for t in trajs]
+    (`batch.behav_logp_BC`) are exact for the trainer's weights at the version that sampled them.
+    With decoupled PPO the update reads the behaviour log-probs from the batch too."""
+    behav = batch.behav_logp_BC
     if not a.decoupled:
-        return OldLogprobs(behav if reuse else trainer.logprobs(trajs))
+        return OldLogprobs(behav if reuse else trainer.logprobs(batch))
     if a.prox_logp == "loglinear":
-        return OldLogprobs(behav, behav, [loglinear_alpha(t.versions, trained_version) for t in trajs])
-    fresh = all(v == trained_version for t in trajs for v, m in zip(t.versions, t.loss_mask) if m)
-    prox = behav if (reuse and fresh) else trainer.logprobs(trajs)
-    return OldLogprobs(prox, behav)
+        alpha = [loglinear_alpha(batch.versions_BC[i, : len(c)].tolist(), trained_version) for i, c in enumerate(batch.completion_ids)]
+        out = torch.zeros_like(behav)
+        for i, row in enumerate(alpha):
+            if row:
+                out[i, : len(row)] = torch.as_tensor(row, dtype=torch.float32)
+        return OldLogprobs(behav, out)
+    sampled = batch.versions_BC[batch.loss_mask_BC > 0]
+    fresh = bool((sampled == trained_version).all())
+    prox = behav if (reuse and fresh) else trainer.logprobs(batch)
+    return OldLogprobs(prox)

@@ -24,12 +24,15 @@ generation time); mask 1 runs from there up to and including the turn's last eos
 (`<|im_end|>` for ChatML; the whole rest of the turn if the template emits no eos).
 
 The loss of an optimizer step is the summed token cross-entropy over the assistant tokens of
-its sequences divided by their number, whatever the micro-batching: each token-budget
-micro-batch (`plan_micro_batches`) adds its sum / the step's total (tested against one batch).
-The LM head runs only at positions that predict assistant tokens.
+its sequences divided by their number, whatever the micro-batching. The examples become a
+`TokenBatch` (train/batch.py; token 0 the prompt, the rest the completion) and take the RL
+update's path: micro-batches from a `MicroBatchPlan` (train/plan.py: token budget, varlen
+packing), hidden states from its scoring pass (train/batching.py); each micro-batch adds its sum
+/ the step's total (tested against one batch). The LM head runs only at positions that predict
+assistant tokens.
 
-Config keys used: model.* (setup.load_policy; `model.path=tiny` trains the tokenizer on the rows'
-texts), model.max_context (longer conversations are dropped and counted), data.train (chat
+Config keys used (seekrl/build.py `build_sft` reads them): model.* (`model.path=tiny` trains the
+tokenizer on the rows' texts), model.max_context (longer conversations are dropped and counted), data.train (chat
 file), data.eval (optional chat file: `eval/loss` before training, every eval.every steps and
 at the end), data.max_train / data.max_eval / data.shuffle, rollout.batch_size (conversations
 per optimizer step — the key that counts sequences per step in RL too; keep it a multiple of
@@ -45,30 +48,33 @@ and `train.max_nonfinite` such steps in a row stop the run.
 
 from __future__ import annotations
 
-import random
 import string
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 from rich.console import Console
 
-from seekrl.config import Config
-from seekrl.data.converters import DataError
+from seekrl.algo.head_logprob import head_logprob_entropy, worth_chunking
 from seekrl.data.iterator import TaskIterator
 from seekrl.data.loaders import read_rows
-from seekrl.models import encode_chat
+from seekrl.errors import DataError
+from seekrl.models import encode_chat, unwrap_peft
+from seekrl.observe.config import LogConfig
 from seekrl.observe.loggers import RunLogger
 from seekrl.observe.progress import Progress
-from seekrl.algo.head_logprob import head_logprob_entropy, worth_chunking
-from seekrl.train.batching import plan_micro_batches
-from seekrl.train.packing import attention_mask_for, can_pack, pack_sequences, saves_rows
+from seekrl.train.batch import TokenBatch
+from seekrl.train.batching import MicroBatch, trained_hidden
 from seekrl.train.checkpoint import resume_checkpoint, save_checkpoint
-from seekrl.train.policy import NonFiniteGuard, make_optimizer, step_scheduler
-from seekrl.train.setup import load_policy, prepare_run_dir
+from seekrl.train.config import TrainConfig
+from seekrl.train.optim import NonFiniteGuard, make_optimizer, step_scheduler
+from seekrl.train.packing import can_pack
+from seekrl.train.plan import MicroBatchPlan
 
-__all__ = ["ChatTemplateError", "tokenize_chat", "tokenize_segments", "tokenize_text", "load_sft_rows", "sft_loss_sums", "step_loss", "eval_loss", "sft"]
+__all__ = ["ChatTemplateError", "tokenize_chat", "tokenize_segments", "tokenize_text", "tokenize_examples", "load_sft_rows",
+           "tiny_texts", "sft_loss_sums", "step_loss", "eval_loss", "SFTRun", "run"]
 
 
 class ChatTemplateError(ValueError):
@@ -219,7 +225,7 @@ def _tokenize_one(tokenizer, c) -> tuple[list[int], list[int]]:
     return tokenize_chat(tokenizer, c)
 
 
-def _tokenize_all(tokenizer, convs: list, max_len: int, what: str) -> list[tuple[list[int], list[int]]]:
+def tokenize_examples(tokenizer, convs: list, max_len: int, what: str) -> list[tuple[list[int], list[int]]]:
     out = [_tokenize_one(tokenizer, c) for c in convs]
     keep = [ex for ex in out if len(ex[0]) <= max_len and sum(ex[1]) > 0]
     if not keep:
@@ -230,48 +236,14 @@ def _tokenize_all(tokenizer, convs: list, max_len: int, what: str) -> list[tuple
 
 
 # ---- loss -----------------------------------------------------------------------------------
-def _decoder_and_head(model):
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
-    return decoder, base.get_output_embeddings()
-
-
-def sft_loss_sums(model, examples: list[tuple[list[int], list[int]]], pad_id: int, device,
-                  pack: bool = False) -> tuple[torch.Tensor, int]:
-    """(summed cross-entropy over mask-1 tokens, their count) for one micro-batch: right-padded,
-    or with `pack` varlen-packed (train/packing.py: sequences end to end, attention within each).
-
-    The LM head runs only at the positions that predict a mask-1 token, chunked (a plain
-    `nn.Linear` head: algo/head_logprob.py), so the `(tokens, vocabulary)` logits never exist whole.
-    """
-    decoder, head = _decoder_and_head(model)
-    if pack and saves_rows([len(ids) for ids, _ in examples]):
-        packed = pack_sequences([ids for ids, _ in examples], pad_id)
-        where, targets = [], []
-        for b, (ids, mask) in enumerate(examples):  # position t predicts token t + 1 (token 0 is never a label)
-            for t in range(len(ids) - 1):
-                if mask[t + 1]:
-                    where.append(packed.start[b] + t)
-                    targets.append(ids[t + 1])
-        out = decoder(input_ids=packed.ids_RL.to(device), attention_mask=attention_mask_for(decoder, packed.mask_R1LL.to(device), _dtype(decoder)),
-                      position_ids=packed.pos_RL.to(device), use_cache=False)
-        hidden_NH = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[torch.as_tensor(where, dtype=torch.long, device=device)]
-        target_N = torch.as_tensor(targets, dtype=torch.long, device=device)
-    else:
-        L = max(len(ids) for ids, _ in examples)
-        input_BL = torch.full((len(examples), L), pad_id, dtype=torch.long)
-        attn_BL = torch.zeros((len(examples), L), dtype=torch.long)
-        label_BL = torch.zeros((len(examples), L), dtype=torch.bool)
-        for b, (ids, mask) in enumerate(examples):
-            input_BL[b, : len(ids)] = torch.tensor(ids)
-            attn_BL[b, : len(ids)] = 1
-            label_BL[b, : len(ids)] = torch.tensor(mask, dtype=torch.bool)
-        input_BL, attn_BL, label_BL = input_BL.to(device), attn_BL.to(device), label_BL.to(device)
-        out = decoder(input_ids=input_BL, attention_mask=attn_BL, use_cache=False)
-        hidden_BLH = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        predicts_BL = label_BL[:, 1:]
-        hidden_NH = hidden_BLH[:, :-1][predicts_BL]
-        target_N = input_BL[:, 1:][predicts_BL]
+def sft_loss_sums(model, mb: MicroBatch) -> tuple[torch.Tensor, int]:
+    """(summed cross-entropy over the micro-batch's trained tokens, their count). The hidden
+    states come from the trainer's scoring pass (train/batching.py `trained_hidden`: padded or
+    varlen-packed, the head only where a trained token is predicted); the LM head runs chunked
+    (algo/head_logprob.py) when the `(tokens, vocabulary)` logits would be large, so they never
+    exist whole."""
+    hidden_NH, target_N, _ = trained_hidden(model, mb, mb.loss_mask_BC)
+    head = unwrap_peft(model).get_output_embeddings()
     if isinstance(head, torch.nn.Linear) and worth_chunking(len(target_N), head.weight.shape[0]):
         logp_N, _ = head_logprob_entropy(hidden_NH, head.weight, head.bias, target_N, entropy=False)
         loss = -logp_N.sum()
@@ -280,20 +252,19 @@ def sft_loss_sums(model, examples: list[tuple[list[int], list[int]]], pad_id: in
     return loss, int(target_N.numel())
 
 
-def _dtype(module) -> torch.dtype:
-    return next(module.parameters()).dtype
-
-
 def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool, pack: bool = False) -> tuple[float, int, int]:
-    """Loss per assistant token over `examples`, micro-batched by `budget` padded tokens.
+    """Loss per assistant token over `examples` (`(ids, labels_mask)` pairs), micro-batched by
+    `budget` padded tokens (train/plan.py, as the RL updates; `pack`: varlen-packed rows).
 
     With `backward`, each micro-batch's sum / the total count is back-propagated, so the
     accumulated gradient is that of the whole batch's token-mean. Returns (loss, n_label, n_tokens).
     """
+    batch = TokenBatch.from_sequences(examples)
+    plan = MicroBatchPlan(budget, pad_id, torch.device(device), pack=pack)
     n_label = sum(sum(m[1:]) for _, m in examples)
     total = 0.0
-    for group in plan_micro_batches([len(ids) for ids, _ in examples], budget):
-        loss_sum, _ = sft_loss_sums(model, [examples[i] for i in group], pad_id, device, pack)
+    for mb in plan.micro_batches(batch, list(range(len(examples)))):
+        loss_sum, _ = sft_loss_sums(model, mb)
         if backward:
             (loss_sum / n_label).backward()
         total += float(loss_sum.detach())
@@ -312,52 +283,55 @@ def eval_loss(model, examples, budget: int, pad_id: int, device, pack: bool = Fa
 
 
 # ---- loop -----------------------------------------------------------------------------------
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+@dataclass
+class SFTRun:
+    """What the SFT loop runs on, assembled by seekrl.build.build_sft (the composition root)."""
+
+    train: TrainConfig
+    log: LogConfig
+    eval_every: int  # eval.every (0: only before and after training)
+    batch_size: int  # conversations per optimizer step (rollout.batch_size)
+    shuffle: bool  # data.shuffle
+    config: dict  # the resolved config, for the loggers
+    run_dir: Path
+    model: torch.nn.Module
+    tokenizer: Any
+    train_examples: list[tuple[list[int], list[int]]]
+    eval_examples: list[tuple[list[int], list[int]]]
 
 
-def sft(cfg: Config) -> Path:
-    """Run (or resume) supervised fine-tuning described by `cfg`; return the run folder."""
-    d, m, t = cfg.data, cfg.model, cfg.train
-    train_convs = load_sft_rows(d.train, d.max_train)
-    eval_convs = load_sft_rows(d.eval, d.max_eval) if d.eval else []
-    run_dir = prepare_run_dir(cfg)
-    _seed_everything(t.seed)
-    tiny_texts = None
-    if m.path == "tiny":
-        convs = train_convs + eval_convs
-        msgs = [x for c in convs if not isinstance(c, str) for x in (c["prompt"] if isinstance(c, dict) else c)]
-        tiny_texts = [x["content"] or "" for x in msgs] + sorted({x["role"] + "\n" for x in msgs})
-        tiny_texts += [seg["text"] for c in convs if isinstance(c, dict) for seg in c["segments"]]
-        tiny_texts += [c for c in convs if isinstance(c, str)]
-        tiny_texts.append(string.printable)  # RL inserts tool output that may hold any printable character
-    model, tokenizer = load_policy(cfg, tiny_texts)
+def tiny_texts(convs: list) -> list[str]:
+    """The texts the tiny model's tokenizer is trained on: every message, role header and segment."""
+    msgs = [x for c in convs if not isinstance(c, str) for x in (c["prompt"] if isinstance(c, dict) else c)]
+    texts = [x["content"] or "" for x in msgs] + sorted({x["role"] + "\n" for x in msgs})
+    texts += [seg["text"] for c in convs if isinstance(c, dict) for seg in c["segments"]]
+    texts += [c for c in convs if isinstance(c, str)]
+    texts.append(string.printable)  # RL inserts tool output that may hold any printable character
+    return texts
+
+
+def run(s: SFTRun) -> Path:
+    """Run (or resume) supervised fine-tuning; return the run folder."""
+    t, model = s.train, s.model
     device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id
-    pack = t.packing and can_pack(_decoder_and_head(model)[0])  # varlen rows instead of padding (train/packing.py)
-    train_ex = _tokenize_all(tokenizer, train_convs, m.max_context, "data.train")
-    eval_ex = _tokenize_all(tokenizer, eval_convs, m.max_context, "data.eval") if eval_convs else []
-    batches = TaskIterator(list(range(len(train_ex))), cfg.rollout.batch_size, seed=t.seed, shuffle=d.shuffle)
-    optimizer, scheduler = make_optimizer(model.parameters(), t.lr, t.weight_decay, t.steps, cfg)
+    pad_id = s.tokenizer.pad_token_id
+    pack = t.packing and can_pack(unwrap_peft(model))  # varlen rows instead of padding (train/packing.py)
+    batches = TaskIterator(list(range(len(s.train_examples))), s.batch_size, seed=t.seed, shuffle=s.shuffle)
+    optimizer, scheduler = make_optimizer(model.parameters(), t.lr, t, t.steps)
     guard = NonFiniteGuard(t.max_nonfinite, hint="lower train.lr or check the data")  # nan/inf steps are skipped
 
-    start = _resume(cfg, run_dir, model, optimizer, scheduler, batches, guard)
-    logger = RunLogger(
-        run_dir, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
-        config=cfg.to_dict(), resume_step=start if start > 0 else None,
-    )
+    start = _resume(s, optimizer, scheduler, batches, guard)
+    logger = RunLogger.for_run(s.log, s.run_dir, s.config, resume_step=start if start > 0 else None)
     stop_at = t.steps if not t.max_steps_this_run else min(t.steps, start + t.max_steps_this_run)
-    progress = Progress(t.steps, start_step=start, enabled=cfg.log.progress, fields=("loss", "eval/loss"))
+    progress = Progress(t.steps, start_step=start, enabled=s.log.progress, fields=("loss", "eval/loss"))
     progress.start()
     model.train()
     try:
-        if start == 0 and eval_ex:
-            logger.log({"eval/loss": eval_loss(model, eval_ex, t.micro_batch_tokens, pad_id, device, pack)}, step=0)
+        if start == 0 and s.eval_examples:
+            logger.log({"eval/loss": eval_loss(model, s.eval_examples, t.micro_batch_tokens, pad_id, device, pack)}, step=0)
         for step in range(start + 1, stop_at + 1):
             t0 = time.perf_counter()
-            examples = [train_ex[i] for i in batches.next_batch()]
+            examples = [s.train_examples[i] for i in batches.next_batch()]
             loss, n_label, n_tok = step_loss(model, examples, t.micro_batch_tokens, pad_id, device, backward=True, pack=pack)
             grad_norm = float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], t.max_grad_norm))
             lr = optimizer.param_groups[0]["lr"]
@@ -370,28 +344,28 @@ def sft(cfg: Config) -> Path:
                 "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens/assistant": n_label,
                 "tokens/s": n_tok / dt, "time/step_s": dt, "epoch": batches.epoch, **guard.end_step(),
             }
-            if eval_ex and (step == t.steps or (cfg.eval.every and step % cfg.eval.every == 0)):
-                metrics["eval/loss"] = eval_loss(model, eval_ex, t.micro_batch_tokens, pad_id, device, pack)
+            if s.eval_examples and (step == t.steps or (s.eval_every and step % s.eval_every == 0)):
+                metrics["eval/loss"] = eval_loss(model, s.eval_examples, t.micro_batch_tokens, pad_id, device, pack)
             logger.log(metrics, step=step)
             progress.update(step, metrics)
             guard.raise_if_stuck(step)  # train.max_nonfinite skipped steps in a row: stop, no checkpoint
             if step == stop_at or (t.save_every and step % t.save_every == 0):
                 save_checkpoint(
-                    run_dir / "checkpoints", step, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                    s.run_dir / "checkpoints", step, model=model, tokenizer=s.tokenizer, optimizer=optimizer, scheduler=scheduler,
                     state={"step": step, "data": batches.state_dict(), "kind": "sft", "nonfinite": guard.state_dict()},
                     keep_last=t.keep_last,
                 )
     finally:
         progress.close()
         logger.close()
-    return run_dir
+    return s.run_dir
 
 
-def _resume(cfg: Config, run_dir: Path, model, optimizer, scheduler, batches: TaskIterator, guard: NonFiniteGuard) -> int:
+def _resume(s: SFTRun, optimizer, scheduler, batches: TaskIterator, guard: NonFiniteGuard) -> int:
     """Restore the checkpoint `train.resume` names, verified first (as the RL loop's resume: damaged
     ones skipped with a warning); return its step (0: fresh run)."""
     found = resume_checkpoint(
-        cfg.train.resume, run_dir / "checkpoints", model=model, optimizer=optimizer, scheduler=scheduler, kind="sft"
+        s.train.resume, s.run_dir / "checkpoints", model=s.model, optimizer=optimizer, scheduler=scheduler, kind="sft"
     )
     if found is None:
         return 0

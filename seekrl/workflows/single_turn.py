@@ -15,6 +15,8 @@ from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import episode_params
 from seekrl.types import SamplingParams, Task, Trajectory, TrajectoryGroup
 
+__all__ = ["SingleTurnWorkflow"]
+
 
 class SingleTurnWorkflow:
     def __init__(self, tokenizer, params: SamplingParams, rubric: Rubric):

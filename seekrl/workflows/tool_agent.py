@@ -53,11 +53,13 @@ import torch
 
 from seekrl.engines.base import InferenceEngine
 from seekrl.models import encode_chat
-from seekrl.rollout import episode_params, turn_seed
 from seekrl.rewards.rubric import Rubric
+from seekrl.rollout import episode_params, turn_seed
 from seekrl.tools.executor import EpisodeToolState, ToolExecutor
 from seekrl.tools.parsers import tail_text
 from seekrl.types import SamplingParams, Task, Trajectory, TrajectoryGroup
+
+__all__ = ["ToolAgentWorkflow", "encode_chat_with_tools", "TRUNCATION_MARKER"]
 
 TRUNCATION_MARKER = " ...[truncated]"
 

@@ -25,15 +25,16 @@ import torch
 
 from seekrl.config import ConfigError, load_config
 from seekrl.data.iterator import TaskIterator
+from seekrl.engines.base import text_decoder
 from seekrl.engines.local import LocalEngine
+from seekrl.jobs import train
 from seekrl.observe.loggers import read_metrics
+from seekrl.observe.metrics import undocumented
 from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import episode_params, stable_seed
 from seekrl.rollout.executor import AsyncRollout, staleness
-from seekrl.engines.base import text_decoder
 from seekrl.rollout.interrupt import InterruptibleEngine, _stop_across
 from seekrl.tools import ToolExecutor, ToolRegistry, get_format, tool
-from seekrl.train.rl import train
 from seekrl.types import Completion, SamplingParams, Task, Trajectory, TrajectoryGroup
 from seekrl.workflows.tool_agent import ToolAgentWorkflow
 
@@ -98,6 +99,9 @@ class SimEngine:
 class SimWorkflow:
     params = SamplingParams(max_new_tokens=1000, temperature=1.0)
 
+    def prompt_ids(self, task):
+        return [1, 2, 3]
+
     async def run(self, task, engine, n, params=None):
         async def one(p):
             c = await engine.generate([1, 2, 3], p)
@@ -120,7 +124,7 @@ def _drive(eta: int, steps: int, B: int = 4, G: int = 2, max_concurrent: int | N
     async def main():
         engine = SimEngine()
         it = TaskIterator(TASKS, B, seed=0)
-        ex = AsyncRollout(SimWorkflow(), engine, it, group_size=G, tasks_per_step=B, max_staleness=eta,
+        ex = AsyncRollout(SimWorkflow(), engine, it, SimWorkflow.params, group_size=G, tasks_per_step=B, max_staleness=eta,
                           max_concurrent=max_concurrent or B * G, seed=7)
         admit = ex._admit
 
@@ -184,7 +188,7 @@ def test_resumed_executor_keeps_the_bound_and_the_data_order():
     async def main():
         it = TaskIterator(TASKS, B, seed=0)
         it.load_state_dict(saved)
-        ex = AsyncRollout(SimWorkflow(), SimEngine(), it, group_size=2, tasks_per_step=B, max_staleness=eta, max_concurrent=8, seed=7)
+        ex = AsyncRollout(SimWorkflow(), SimEngine(), it, SimWorkflow.params, group_size=2, tasks_per_step=B, max_staleness=eta, max_concurrent=8, seed=7)
         await ex.publish(None, 3)
         ex.start(3)
         try:
@@ -214,7 +218,7 @@ def test_an_episode_error_reaches_the_trainer():
 
     async def main():
         it = TaskIterator(TASKS, 4, seed=0)
-        ex = AsyncRollout(Broken(), SimEngine(), it, group_size=2, tasks_per_step=4, max_staleness=1, max_concurrent=8, seed=0)
+        ex = AsyncRollout(Broken(), SimEngine(), it, SimWorkflow.params, group_size=2, tasks_per_step=4, max_staleness=1, max_concurrent=8, seed=0)
         ex.start(0)
         try:
             for step in range(1, 11):
@@ -363,6 +367,7 @@ def test_async_training_keeps_the_bound_and_overlaps(tmp_path, extra):
     assert all(r["rollout/staleness/mean"] <= r["rollout/staleness/max"] for r in rows)
     for r in rows:
         assert all(k in r for k in ASYNC_METRICS)
+        assert undocumented(r) == []
     if "algo.decoupled=false" in extra:
         assert all(r["actor/behav_imp_weight/mean"] == 1.0 for r in rows)
     else:  # stale tokens get a weight that is not exactly 1

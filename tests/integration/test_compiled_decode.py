@@ -20,7 +20,13 @@ import torch
 from seekrl.config import ConfigError, load_config
 from seekrl.engines import LocalEngine
 from seekrl.engines.static_decode import (
-    AUTO_COMPILE_AFTER, DecodeGraphs, StaticKV, _compile_unavailable, decode_graphs, len_bucket, rows_bucket,
+    AUTO_COMPILE_AFTER,
+    DecodeGraphs,
+    StaticKV,
+    _compile_unavailable,
+    decode_graphs,
+    len_bucket,
+    rows_bucket,
 )
 from seekrl.types import SamplingParams
 

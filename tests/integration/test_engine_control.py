@@ -187,4 +187,6 @@ def test_requests_join_a_running_batch_and_sample_what_they_would_alone(tiny_tok
     assert engine.stats["batches"] == 1 and engine.stats["joined"] == 4
     for a, b in zip(alone + [alone_long], joined + [first]):
         assert b.token_ids == a.token_ids
-        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+        # float32 rounding: where the join lands (timing) sets the left padding, which reorders the
+        # attention sums; seen up to 1.1e-5 on a log-prob of -5 (2e-6 relative)
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5, rel=1e-5)

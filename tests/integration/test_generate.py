@@ -37,6 +37,7 @@ httpx = pytest.importorskip("httpx")
 
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
+from live_server import LiveServer, free_port  # noqa: E402
 
 from seekrl.cli import main  # noqa: E402
 from seekrl.config import ConfigError, load_config  # noqa: E402
@@ -44,17 +45,24 @@ from seekrl.data.loaders import load_tasks  # noqa: E402
 from seekrl.data.synthetic import make_world  # noqa: E402
 from seekrl.data.teacher import ScriptedTeacher  # noqa: E402
 from seekrl.generate import (  # noqa: E402
-    EndpointError, OpenAIChatEngine, _restore_stop, done_keys, generate_rows, run_episode)
+    EndpointError,
+    GenerateConfig,
+    GenerateRun,
+    OpenAIChatEngine,
+    _restore_stop,
+    done_keys,
+    generate_rows,
+    run_episode,
+)
 from seekrl.models import encode_chat  # noqa: E402
 from seekrl.retrieval.commands import build_index  # noqa: E402
 from seekrl.rewards import Rubric  # noqa: E402
 from seekrl.tools.base import ToolRegistry, tool  # noqa: E402
 from seekrl.tools.executor import ToolExecutor  # noqa: E402
 from seekrl.tools.parsers import INVALID_SEARCH_R1, get_format  # noqa: E402
-from seekrl.train.setup import make_tool_executor  # noqa: E402
+from seekrl.tools.setup import make_tool_executor  # noqa: E402
 from seekrl.train.sft import load_sft_rows, tokenize_segments  # noqa: E402
 from seekrl.types import Completion, SamplingParams, Task  # noqa: E402
-from live_server import LiveServer, free_port  # noqa: E402
 
 CONFIG = """\
 tools:
@@ -71,6 +79,12 @@ log:
   tensorboard: false
 """
 ROW_KEYS = {"id", "sample", "source", "prompt", "segments", "answer", "meta", "reward", "reward_parts", "finish_reason", "metrics"}
+
+
+def rows_of(tasks, engine, fmt, executor, rubric, out, *, progress=True, seed=0, **settings):
+    """generate_rows with `generate.*` settings (n, concurrency, min_reward, ...) given as keywords."""
+    run = GenerateRun(GenerateConfig(out=str(out), **settings), tasks, engine, fmt, executor, rubric, progress=progress, seed=seed)
+    return generate_rows(run)
 
 
 # ---- fixtures -------------------------------------------------------------------------------
@@ -107,7 +121,7 @@ def tasks(world_dir) -> list[Task]:
 
 @pytest.fixture(scope="module")
 def search_executor(world_dir) -> ToolExecutor:
-    return make_tool_executor(load_config(str(world_dir / "gen.yaml"), paths(world_dir)))
+    return make_tool_executor(load_config(str(world_dir / "gen.yaml"), paths(world_dir)).tools)
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -234,7 +248,7 @@ def test_resume_cuts_a_torn_line_and_redoes_only_that_episode(tmp_path, tasks, s
 
     def run(**kw):
         teacher = ScriptedTeacher(some, seed=0)
-        return asyncio.run(generate_rows(some, teacher, fmt, search_executor, rubric, out, progress=False, **kw))
+        return asyncio.run(rows_of(some, teacher, fmt, search_executor, rubric, out, progress=False, **kw))
 
     first = run(n=2, concurrency=4)
     assert first["written"] == 20 and first["already_done"] == 0
@@ -267,7 +281,7 @@ def test_min_reward_rejects_and_rerun_does_not_redo(tmp_path, tasks, search_exec
 
     def run(seed):
         teacher = ScriptedTeacher(some, seed=seed, skip_search=0.6, stop_early=0.5)
-        return asyncio.run(generate_rows(some, teacher, fmt, search_executor, rubric, out, min_reward=1.0, progress=False))
+        return asyncio.run(rows_of(some, teacher, fmt, search_executor, rubric, out, min_reward=1.0, progress=False))
 
     c = run(0)
     kept, rej = _rows_in(out), _rows_in(rejected)
@@ -297,7 +311,7 @@ def test_the_rows_do_not_depend_on_concurrency_or_timing(tmp_path, tasks, search
             return await self.teacher.chat(messages, **kw)
 
     def run(out, concurrency, seed=0, teacher_seed=0):
-        asyncio.run(generate_rows(some, Jittery(teacher_seed), fmt, search_executor, rubric, out, n=2, concurrency=concurrency,
+        asyncio.run(rows_of(some, Jittery(teacher_seed), fmt, search_executor, rubric, out, n=2, concurrency=concurrency,
                                   progress=False, seed=seed))
         return out.read_bytes()
 
@@ -334,11 +348,11 @@ def test_failed_episodes_are_not_written_and_are_redone(tmp_path, tasks, search_
                 self.in_flight -= 1
 
     engine = Flaky(fail=True)
-    c = asyncio.run(generate_rows(some, engine, fmt, search_executor, rubric, out, concurrency=3, progress=False))
+    c = asyncio.run(rows_of(some, engine, fmt, search_executor, rubric, out, concurrency=3, progress=False))
     assert c["failed"] == 2 and c["written"] == 6 and "HTTP 503" in c["first_error"]
     assert {r["id"] for r in _rows_in(out)} == {t.id for t in some} - bad
     assert engine.max_in_flight == 3  # generate.concurrency episodes at once, no more
-    c = asyncio.run(generate_rows(some, Flaky(fail=False), fmt, search_executor, rubric, out, progress=False))
+    c = asyncio.run(rows_of(some, Flaky(fail=False), fmt, search_executor, rubric, out, progress=False))
     assert c["failed"] == 0 and c["written"] == 2 and c["already_done"] == 6 and "first_error" not in c
     assert sorted(r["id"] for r in _rows_in(out)) == sorted(t.id for t in some)
 

@@ -22,16 +22,17 @@ pytest.importorskip("bm25s")
 pytest.importorskip("fastmcp")
 uvicorn = pytest.importorskip("uvicorn")
 
+from live_server import LiveServer, free_port  # noqa: E402
+
+from seekrl.data.corpus import Document  # noqa: E402
 from seekrl.retrieval.bm25 import BM25Index  # noqa: E402
-from seekrl.retrieval.corpus import Document  # noqa: E402
 from seekrl.rewards.rubric import Rubric  # noqa: E402
+from seekrl.servers.mcp import TOKEN_ENV, make_mcp_server  # noqa: E402
 from seekrl.tools import EpisodeToolState, ToolCall, ToolExecutor, ToolPolicy, ToolRegistry, get_format  # noqa: E402
 from seekrl.tools.mcp import MCPConnection, MCPConnectionError, load_mcp_tools  # noqa: E402
-from seekrl.servers.mcp import TOKEN_ENV, make_mcp_server  # noqa: E402
 from seekrl.tools.search import format_passages  # noqa: E402
 from seekrl.types import Completion, SamplingParams, Task  # noqa: E402
 from seekrl.workflows.tool_agent import ToolAgentWorkflow  # noqa: E402
-from live_server import LiveServer, free_port  # noqa: E402
 
 TOKEN = "mcp-s3cret"
 DOCS = [

@@ -5,7 +5,6 @@ A real uvicorn server runs in a thread on a free loopback port over LocalEngine(
 
 from __future__ import annotations
 
-
 import pytest
 
 pytest.importorskip("fastapi")
@@ -15,11 +14,11 @@ httpx = pytest.importorskip("httpx")
 
 import torch  # noqa: E402
 import uvicorn  # noqa: E402
+from live_server import LiveServer  # noqa: E402
 
 from seekrl.engines.local import LocalEngine  # noqa: E402
 from seekrl.models import encode_chat  # noqa: E402
 from seekrl.servers.policy import TOKEN_ENV, main, make_app, serve_policy  # noqa: E402
-from live_server import LiveServer, free_port  # noqa: E402
 
 TOKEN = "secret"
 CAP = 64

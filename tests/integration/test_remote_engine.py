@@ -16,9 +16,9 @@ from live_server import LiveServer
 
 from seekrl.data.tiny import make_tiny_tasks
 from seekrl.engines import LocalEngine
-from seekrl.engines.errors import EngineRequestError, EngineUnavailable
 from seekrl.engines.remote import RemoteEngine
 from seekrl.engines.weights import weight_folders
+from seekrl.errors import EngineRequestError, EngineUnavailable
 from seekrl.models import make_tiny_model
 from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import collect

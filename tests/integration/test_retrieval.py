@@ -12,7 +12,7 @@ import json
 import pytest
 
 from seekrl.data import resolve_data_dir
-from seekrl.retrieval.corpus import Document, hotpotqa_corpus, hotpotqa_gold_titles
+from seekrl.data.corpus import Document, hotpotqa_corpus, hotpotqa_gold_titles
 
 pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
@@ -151,8 +151,9 @@ def test_dense_save_load(dense_setup, tmp_path):
 
 
 def test_build_index_command(tmp_path):
-    from seekrl.retrieval.commands import build_index, serve_retriever
-    from seekrl.retrieval.corpus import write_corpus
+    from seekrl.data.corpus import write_corpus
+    from seekrl.retrieval.commands import build_index
+    from seekrl.servers.retrieval import serve_retriever
 
     corpus = write_corpus(TOY_DOCS, tmp_path / "toy.jsonl")
     build_index(str(corpus), str(tmp_path / "idx"), kind="bm25")

@@ -15,11 +15,12 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 
+from live_server import LiveServer, free_port  # noqa: E402
+
+from seekrl.data.corpus import Document  # noqa: E402
 from seekrl.retrieval.bm25 import BM25Index  # noqa: E402
-from seekrl.retrieval.corpus import Document  # noqa: E402
 from seekrl.retrieval.retriever import HTTPRetriever, LocalRetriever, RetrieverError  # noqa: E402
 from seekrl.servers.retrieval import make_app  # noqa: E402
-from live_server import LiveServer, free_port  # noqa: E402
 
 TOKEN = "s3cret-token"
 DOCS = [

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from seekrl.config import load_config
+from seekrl.jobs import train
 from seekrl.observe.loggers import read_metrics
-from seekrl.train.rl import train
+from seekrl.observe.metrics import undocumented
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,6 +73,7 @@ def test_ppo_raises_reward(tmp_path):
     assert start < 0.12
     assert end > start + 0.25, f"PPO did not learn: reward {start:.3f} -> {end:.3f}"
     assert "loss/value" in rows[-1] and "critic/explained_var" in rows[-1]
+    assert undocumented({k for r in rows for k in r}) == []
 
 
 def small_cfg(tmp_path, name, *overrides):
@@ -137,6 +139,7 @@ def test_run_folder_contents(tmp_path):
     for key in ("reward/mean", "reward/std", "loss/policy", "kl", "entropy", "response_len/mean", "time/step_s"):
         assert key in rows[1], key
     assert "eval/reward" in rows[0] and "eval/reward" in rows[-1]
+    assert undocumented({k for r in rows for k in r}) == []
     samples = [json.loads(line) for line in (run / "trajectories" / "step_2.jsonl").read_text().splitlines()]
     assert samples and all("segments" in s and "reward_parts" in s for s in samples)
     assert list((run / "tensorboard").iterdir())
@@ -202,6 +205,7 @@ def test_algorithm_variants_run_and_log(tmp_path, overrides):
     for r in rows:
         assert all(v is None or v == v for v in r.values())  # no NaN
         assert "loss/policy" in r and "entropy" in r
+        assert undocumented(r) == []  # every metric is in observe/metrics.py (the docs' table)
     if "algo.kl_coef=0.01" in overrides:
         assert "kl_coef" in rows[-1]
         if "algo.kl_estimator=k1" not in overrides:
@@ -215,13 +219,17 @@ def test_algorithm_variants_run_and_log(tmp_path, overrides):
 def test_lora_with_gradient_checkpointing_trains_only_adapters(tmp_path):
     cfg = small_cfg(tmp_path, "lora", "train.steps=2", "train.save_every=0", "model.lora_r=4",
                     "model.gradient_checkpointing=true", "algo.kl_coef=0.01", "train.lr=1e-2")
-    from seekrl.train.rl import _train, build
-
     import asyncio
 
-    comp = build(cfg)
+    from seekrl.build import build_rl
+    from seekrl.train import rl
+
+    comp = build_rl(cfg)
     before = {n: p.detach().clone() for n, p in comp.model.named_parameters()}
-    asyncio.run(_train(comp))
+    try:
+        asyncio.run(rl.run(comp))
+    finally:
+        comp.close()
     changed = {n for n, p in comp.model.named_parameters() if not torch.equal(before[n], p.detach())}
     assert changed and all("lora_" in n for n in changed), sorted(changed)[:5]
     rows = read_metrics(comp.run_dir)
@@ -232,10 +240,10 @@ def test_lora_with_gradient_checkpointing_trains_only_adapters(tmp_path):
 # ---- damaged checkpoints and kills during a save ------------------------------------------------
 KILL_IN_SAVE = """
 import os, signal, sys
-from seekrl.train import checkpoint as ck
+from seekrl.train import checkpoint_tree as tree
 from seekrl.cli import main
 
-real = ck.save_file
+real = tree.save_file
 
 def save_file(tensors, filename, *args, **kwargs):  # half of step 4's optimizer file written, then SIGKILL
     real(tensors, filename, *args, **kwargs)
@@ -243,7 +251,7 @@ def save_file(tensors, filename, *args, **kwargs):  # half of step 4's optimizer
         os.truncate(filename, os.path.getsize(filename) // 2)
         os.kill(os.getpid(), signal.SIGKILL)
 
-ck.save_file = save_file
+tree.save_file = save_file
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -282,7 +290,7 @@ def test_damaged_checkpoints_are_skipped_on_resume(tmp_path, capsys):
     ]
     assert _comparable(read_metrics(resumed)) == _comparable(read_metrics(full))
     # an explicit train.resume path that is damaged: one line, nothing loaded
-    from seekrl.train.checkpoint import CheckpointError
+    from seekrl.errors import CheckpointError
 
     (ckpts / "step_6" / "rng.json").write_text("{")
     with pytest.raises(CheckpointError) as e:

@@ -15,11 +15,13 @@ import random
 import pytest
 import torch
 
+from seekrl.build import build_rl
 from seekrl.config import load_config
+from seekrl.data.corpus import Document
 from seekrl.observe.loggers import read_metrics
+from seekrl.observe.metrics import undocumented
 from seekrl.retrieval.bm25 import BM25Index
-from seekrl.retrieval.corpus import Document
-from seekrl.train.rl import _train, build
+from seekrl.train import rl
 
 NAMES = ["alba", "brio", "cato", "dune", "emil", "faro", "gino", "hale"]
 
@@ -71,15 +73,16 @@ def test_grpo_with_search_calls_tools_masks_outputs_and_updates(tmp_path, engine
         "reward.functions=[qa_em]", "algo.name=grpo", "train.steps=3", "train.lr=1e-3",
         f"log.dir={tmp_path}", "log.name=search", "log.progress=false", "log.tensorboard=false",
     ])
-    comp = build(cfg)
+    comp = build_rl(cfg)
     try:
         _warm_start(comp, codes)
         before = {n: p.detach().clone() for n, p in comp.model.named_parameters()}
-        asyncio.run(_train(comp))
+        asyncio.run(rl.run(comp))
     finally:
-        comp.engine.close()
+        comp.close()
     rows = read_metrics(comp.run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
+    assert undocumented({k for r in rows for k in r}) == []  # engine/* too, on the started server
     assert max(r["rollout/tool_calls/search"] for r in rows) > 0.5, rows[0]  # episodes really searched
     assert all(r["rollout/tool_errors"] == 0 for r in rows)
     assert max(r["reward/std"] for r in rows) > 0  # some groups had a signal
@@ -95,12 +98,13 @@ def test_tools_from_an_mcp_server_in_the_config(tmp_path):
     """tools.mcp only (no retriever): the workflow's registry holds the MCP server's search tool."""
     import sys
 
+    from seekrl.build import build_workflow
+    from seekrl.rewards.rubric import build_rubric
     from seekrl.tools.base import ToolCall
     from seekrl.tools.executor import EpisodeToolState
-    from seekrl.train.setup import build_rubric, make_workflow
 
     data, codes = _world(tmp_path)
-    server = f"{sys.executable} -m seekrl.tools.mcp_server --index {tmp_path / 'index'} --stdio"
+    server = f"{sys.executable} -m seekrl.servers.mcp --index {tmp_path / 'index'} --stdio"
     cfg = load_config(None, [
         f"data.train={data}", "tools.format=dr_tulu", f"tools.mcp=[{json.dumps(server)}]",
         "rollout.max_total_tokens=512", "rollout.group_size=2", "rollout.batch_size=4",
@@ -108,7 +112,7 @@ def test_tools_from_an_mcp_server_in_the_config(tmp_path):
     from seekrl.models import train_tiny_tokenizer
 
     tok = train_tiny_tokenizer(["the code of brio is 12 <call_tool>"], vocab_size=64)
-    wf = make_workflow(cfg, tok, build_rubric(cfg))
+    wf = build_workflow(cfg, tok, build_rubric(cfg.reward, cfg.rollout.max_new_tokens))
     assert wf.executor.registry.names() == ["search"]
     result = asyncio.run(wf.executor.run(ToolCall("search", {"query": "brio"}, ""), EpisodeToolState()))
     assert result.ok and f"the code of brio is {codes['brio']}" in result.text
@@ -126,10 +130,13 @@ def test_unmasked_observations_ablation_trains_on_inserted_tokens(tmp_path):
         "tools.topk=1", "reward.functions=[qa_em]", "train.steps=1", f"log.dir={tmp_path}", "log.name=nomask",
         "log.progress=false", "log.tensorboard=false",
     ])
-    comp = build(cfg)
-    assert not comp.reuse_engine_logprobs  # placeholders are not log-probs: recompute
-    _warm_start(comp, codes, steps=100)
-    asyncio.run(_train(comp))
+    comp = build_rl(cfg)
+    try:
+        assert not comp.reuse_engine_logprobs  # placeholders are not log-probs: recompute
+        _warm_start(comp, codes, steps=100)
+        asyncio.run(rl.run(comp))
+    finally:
+        comp.close()
     row = read_metrics(comp.run_dir)[-1]
     assert row["rollout/unmasked_inserted_tokens"] > 0 and row["loss/policy"] == row["loss/policy"]
     samples = [json.loads(line) for line in (comp.run_dir / "trajectories" / "step_1.jsonl").read_text().splitlines()]

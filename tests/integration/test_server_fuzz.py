@@ -194,8 +194,8 @@ def policy_server(small_model, tiny_tokenizer):
 @pytest.fixture(scope="module")
 def retrieval_server():
     pytest.importorskip("bm25s")
+    from seekrl.data.corpus import Document
     from seekrl.retrieval.bm25 import BM25Index
-    from seekrl.retrieval.corpus import Document
     from seekrl.servers.retrieval import make_app
 
     docs = [Document.from_title_text("0", "Paris", "Paris is the capital of France."),
@@ -246,8 +246,8 @@ MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": 
 def mcp_server(tmp_path_factory):
     """`seekrl serve mcp`'s app (fastmcp, streamable HTTP) with an initialized session."""
     pytest.importorskip("fastmcp")
+    from seekrl.data.corpus import Document
     from seekrl.retrieval.bm25 import BM25Index
-    from seekrl.retrieval.corpus import Document
     from seekrl.servers.mcp import make_mcp_server
 
     index = tmp_path_factory.mktemp("mcp-fuzz") / "index"

@@ -20,9 +20,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from live_server import LiveServer  # noqa: E402
+
 from seekrl.engines.local import LocalEngine  # noqa: E402
 from seekrl.servers.policy import make_app as make_policy_app  # noqa: E402
-from live_server import LiveServer  # noqa: E402
 
 TOKEN = "guard-s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -82,8 +83,8 @@ def policy(engine, tiny_tokenizer):
 @pytest.fixture(scope="module")
 def retrieval():
     pytest.importorskip("bm25s")
+    from seekrl.data.corpus import Document
     from seekrl.retrieval.bm25 import BM25Index
-    from seekrl.retrieval.corpus import Document
     from seekrl.servers.retrieval import make_app
 
     docs = [Document.from_title_text("0", "Paris", "Paris is the capital of France."),
@@ -231,8 +232,8 @@ def test_a_client_that_hangs_up_has_its_generation_cancelled(policy, engine):
 def test_mcp_accepts_the_bearer_scheme_in_any_case(tmp_path):
     pytest.importorskip("bm25s")
     pytest.importorskip("fastmcp")
+    from seekrl.data.corpus import Document
     from seekrl.retrieval.bm25 import BM25Index
-    from seekrl.retrieval.corpus import Document
     from seekrl.servers.mcp import make_mcp_server
 
     BM25Index.build([Document.from_title_text("0", "Alpha", "alpha is a letter.")]).save(tmp_path / "index")

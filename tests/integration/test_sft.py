@@ -20,11 +20,13 @@ import pytest
 import torch
 
 from seekrl.config import load_config
-from seekrl.data.loaders import DataError
+from seekrl.errors import DataError
+from seekrl.jobs import sft
 from seekrl.models import encode_chat
 from seekrl.observe.loggers import read_metrics
-from seekrl.train.batching import plan_micro_batches
-from seekrl.train.sft import ChatTemplateError, load_sft_rows, sft, step_loss, tokenize_chat, tokenize_text
+from seekrl.observe.metrics import undocumented
+from seekrl.train.plan import plan_micro_batches
+from seekrl.train.sft import ChatTemplateError, load_sft_rows, step_loss, tokenize_chat, tokenize_text
 
 CONV = [
     {"role": "system", "content": "be brief"},
@@ -189,6 +191,7 @@ def test_sft_learns_a_copy_task_and_checkpoints_load(tmp_path):
     assert metrics[-1]["eval/loss"] < 0.5 * metrics[0]["eval/loss"]
     for key in ("lr", "tokens/s", "time/step_s"):
         assert metrics[-1][key] > 0
+    assert undocumented({k for m in metrics for k in m}) == []
 
     folder = run / "checkpoints" / "step_60" / "model"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_60"]  # keep_last=1, and the pointer

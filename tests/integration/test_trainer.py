@@ -14,11 +14,12 @@ import asyncio
 import pytest
 import torch
 
+from seekrl.build import policy_trainer
 from seekrl.config import load_config
 from seekrl.engines.local import LocalEngine
 from seekrl.models import encode_chat
 from seekrl.observe.stats import StatsTracker
-from seekrl.train.policy import PolicyTrainer
+from seekrl.train.batch import TokenBatch, pad_completion
 from seekrl.types import SamplingParams, Task, Trajectory
 
 PROMPTS = ["what is 12 + 30?", "the quick brown fox", "Question: capital of France?", "a"]
@@ -56,8 +57,8 @@ def test_engine_logprobs_match_trainer_recomputation(fresh_tiny_model, tiny_toke
     # the 3 samples of each prompt were prefilled once (shared KV cache), not 3 times
     assert engine.stats["prefill_tokens"] == sum(len(p) for p in {tuple(p) for p in prompts})
     cfg = _cfg(f"rollout.temperature={temperature}", "train.micro_batch_tokens=64")  # several micro-batches
-    trainer = PolicyTrainer(fresh_tiny_model, cfg, tiny_tokenizer.pad_token_id, total_steps=1)
-    recomputed = trainer.logprobs(trajs)
+    trainer = policy_trainer(cfg, fresh_tiny_model, tiny_tokenizer.pad_token_id, total_steps=1)
+    recomputed = trainer.logprobs(TokenBatch.from_trajectories(trajs)).tolist()
     diffs = [abs(a - b) for t, r in zip(trajs, recomputed) for a, b in zip(t.logprobs, r)]
     assert len(diffs) == sum(len(t.completion_ids) for t in trajs) > 0
     assert max(diffs) < 1e-4, max(diffs)
@@ -78,10 +79,11 @@ def _random_trajs(vocab, n=6, seed=0):
 
 
 def _grads(model, trajs, cfg, adv):
-    trainer = PolicyTrainer(model, cfg, pad_id=0, total_steps=1)
+    trainer = policy_trainer(cfg, model, 0, total_steps=1)
     trainer.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # capture grads, change nothing
-    old = trainer.logprobs(trajs)
-    trainer.update(trajs, adv, old, None, 0.0, StatsTracker())
+    batch = TokenBatch.from_trajectories(trajs)
+    batch.old_logp_BC, batch.adv_BC = trainer.logprobs(batch), pad_completion(adv, batch.width)
+    trainer.update(batch, StatsTracker())
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -98,11 +100,11 @@ def test_micro_batches_give_the_same_gradient(fresh_tiny_model, tiny_tokenizer, 
 
 def test_inserted_tokens_get_no_gradient(fresh_tiny_model, tiny_tokenizer):
     """Check the gradient, not only the mask: d loss / d logits is zero at inserted positions."""
-    from seekrl.train.batching import completion_logits, make_micro_batch, pad_completion, token_logprobs
     from seekrl.algo.losses import policy_loss
+    from seekrl.train.batching import completion_logits, make_micro_batch, token_logprobs
 
     trajs = _random_trajs(len(tiny_tokenizer), n=4, seed=3)
-    mb = make_micro_batch(trajs, list(range(len(trajs))), 0, "cpu")
+    mb = make_micro_batch(TokenBatch.from_trajectories(trajs), list(range(len(trajs))), 0, "cpu")
     logits = completion_logits(fresh_tiny_model, mb, 1.0)
     logits.retain_grad()
     logp = token_logprobs(logits, mb.target_ids_BC)
@@ -129,8 +131,8 @@ def test_shared_prefix_pass_equals_full_pass(fresh_tiny_model, tiny_tokenizer):
     for i, t in enumerate(trajs):  # three prompts, three samples each
         t.prompt_ids = trajs[i % 3].prompt_ids
     idx = list(range(len(trajs)))
-    full = make_micro_batch(trajs, idx, 0, "cpu")
-    shared = make_micro_batch(trajs, idx, 0, "cpu", share_prefix=True)
+    full = make_micro_batch(TokenBatch.from_trajectories(trajs), idx, 0, "cpu")
+    shared = make_micro_batch(TokenBatch.from_trajectories(trajs), idx, 0, "cpu", share_prefix=True)
     assert shared.prompt_ids_UP.shape[0] == 3
 
     def run(mb, model):
@@ -173,7 +175,7 @@ def test_chunked_head_logprobs_equal_the_full_logits(fresh_tiny_model, tiny_toke
     trajs = _random_trajs(len(tiny_tokenizer), n=9, seed=5)
     for i, t in enumerate(trajs):
         t.prompt_ids = trajs[i % 3].prompt_ids
-    mb = make_micro_batch(trajs, list(range(len(trajs))), 0, "cpu", share_prefix=share)
+    mb = make_micro_batch(TokenBatch.from_trajectories(trajs), list(range(len(trajs))), 0, "cpu", share_prefix=share)
     where = mb.loss_mask_BC
 
     def reference(model):
@@ -209,9 +211,9 @@ def test_packed_layout_equals_the_padded_one(fresh_tiny_model, tiny_tokenizer, s
     trajs = _random_trajs(len(tiny_tokenizer), n=12, seed=7)
     for i, t in enumerate(trajs):  # four prompts, three samples each, completions of very different lengths
         t.prompt_ids = trajs[i % 4].prompt_ids
-    trajs[5].completion_ids, trajs[5].loss_mask, trajs[5].logprobs = trajs[5].completion_ids[:1], [1], [0.0]
+    trajs[5].completion_ids, trajs[5].loss_mask, trajs[5].logprobs, trajs[5].versions = trajs[5].completion_ids[:1], [1], [0.0], [0]
     for t in trajs[6:]:  # short ones, so that sequences fit together and packing saves rows
-        t.completion_ids, t.loss_mask, t.logprobs = t.completion_ids[:2], t.loss_mask[:2], t.logprobs[:2]
+        t.completion_ids, t.loss_mask, t.logprobs, t.versions = t.completion_ids[:2], t.loss_mask[:2], t.logprobs[:2], t.versions[:2]
         if not share:
             t.prompt_ids = t.prompt_ids[:3]
     idx = list(range(len(trajs)))
@@ -219,7 +221,7 @@ def test_packed_layout_equals_the_padded_one(fresh_tiny_model, tiny_tokenizer, s
     model0.config._attn_implementation = attn
     out = {}
     for pack in (False, True):
-        mb = make_micro_batch(trajs, idx, 0, "cpu", share_prefix=share, pack=pack)
+        mb = make_micro_batch(TokenBatch.from_trajectories(trajs), idx, 0, "cpu", share_prefix=share, pack=pack)
         if pack:
             assert isinstance(mb.packed, PackedPrefix if share else PackedFull)
             ids = mb.packed.seqs.ids_RL if not share else mb.packed.completions.ids_RL

@@ -184,8 +184,11 @@ def test_rng_restore(tmp_path):
     assert np.array_equal(draws[2], again[2]) and draws[3] == again[3]
 
 
-def test_checkpoint_never_unpickles(tmp_path, monkeypatch):
-    source = Path(ckpt_mod.__file__).read_text()
+@pytest.mark.parametrize("module", ["checkpoint", "checkpoint_tree", "checkpoint_verify"])
+def test_checkpoint_never_unpickles(tmp_path, monkeypatch, module):
+    import importlib
+
+    source = Path(importlib.import_module(f"seekrl.train.{module}").__file__).read_text()
     tree = ast.parse(source)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -369,6 +372,7 @@ KILLER = r"""
 import os, shutil, signal, sys
 import torch
 from seekrl.train import checkpoint as ck
+from seekrl.train import checkpoint_tree as tree
 
 root, where = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)
@@ -378,7 +382,7 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
-real_save_file, real_write_latest, real_rmtree = ck.save_file, ck._write_latest, shutil.rmtree
+real_save_file, real_write_latest, real_rmtree = tree.save_file, ck._write_latest, shutil.rmtree
 
 def save_file(tensors, filename, *args, **kwargs):  # the kill lands in the middle of writing a file
     real_save_file(tensors, filename, *args, **kwargs)
@@ -400,7 +404,7 @@ def rmtree(path, *args, **kwargs):  # pruning step_1 after step_3 was saved: hal
         die()
     real_rmtree(path, *args, **kwargs)
 
-ck.save_file, ck._write_latest, ck.shutil.rmtree = save_file, write_latest, rmtree
+tree.save_file, ck._write_latest, ck.shutil.rmtree = save_file, write_latest, rmtree
 for step in range(1, 6):
     model(torch.ones(2, 8)).sum().backward()
     optimizer.step()

@@ -139,7 +139,7 @@ def _safetensors(path: Path, tensors: dict) -> None:
 def test_model_folder_checks(tmp_path):
     import numpy as np
 
-    from seekrl.config_checks import check_model_folder
+    from seekrl.models import check_model_folder
 
     m = tmp_path / "m"
     m.mkdir()
@@ -242,10 +242,10 @@ def test_engine_urls_or_servers_imply_remote():
     assert load_config(None, ["engine.servers=2"]).engine.kind == "remote"
     cfg = load_config(None, ["engine.urls=[http://127.0.0.1:30000]"])
     assert cfg.engine.kind == "remote" and cfg.engine.api == "sglang"
-    from seekrl.config_checks import server_kind
+    from seekrl.engines.config import server_kind
 
-    assert server_kind(load_config(None, ["engine.servers=1"])) == "seekrl"
-    assert server_kind(load_config(None, ["engine.servers=1", "engine.api=vllm"])) == "vllm"
+    assert server_kind(load_config(None, ["engine.servers=1"]).engine) == "seekrl"
+    assert server_kind(load_config(None, ["engine.servers=1", "engine.api=vllm"]).engine) == "vllm"
 
 
 @pytest.mark.parametrize(
@@ -294,12 +294,15 @@ def test_float_keys_must_be_finite_and_in_range(override, message):
 def test_every_float_key_refuses_nan_and_inf():
     import typing
 
+    def floats(hint) -> bool:  # float, float | None, list[float] (a Literal of strings is no number)
+        return hint is float or any(floats(a) for a in typing.get_args(hint) if typing.get_origin(hint) is not typing.Literal)
+
     for section, cls in SECTIONS.items():
         for key, hint in typing.get_type_hints(cls).items():
-            if "float" not in str(hint):
+            if not floats(hint):
                 continue
             for bad in (".nan", ".inf", "-.inf"):
-                value = f"[{bad}]" if "list" in str(hint) else bad
+                value = f"[{bad}]" if typing.get_origin(hint) is list else bad
                 with pytest.raises(ConfigError, match=rf"^{section}\.{key}(\[0\])?: must be "):
                     load_config(None, [f"{section}.{key}={value}"])
     cfg = load_config(None, ["train.lr=0", "train.max_nonfinite=0", "algo.kl_target=0.01", "generate.min_reward=-1"])

@@ -1,4 +1,4 @@
-"""seekrl.retrieval.corpus: the Search-R1 corpus format and the HotpotQA / 2Wiki converters."""
+"""seekrl.data.corpus: the Search-R1 corpus format and the HotpotQA / 2Wiki converters."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from seekrl.data import resolve_data_dir
-from seekrl.retrieval.corpus import (
+from seekrl.data.corpus import (
     Document,
     hotpotqa_corpus,
     hotpotqa_gold_titles,
@@ -99,7 +99,7 @@ def test_twowiki_corpus():
 
 
 def test_corpus_text_rows_group_passages_and_reshuffle_each_pass():
-    from seekrl.retrieval.corpus import corpus_text_rows
+    from seekrl.data.corpus import corpus_text_rows
 
     docs = [Document.from_title_text(str(i), f"T{i}", f"text {i}.") for i in range(10)]
     rows = corpus_text_rows(docs, per_row=4, passes=2, seed=3)

@@ -171,12 +171,12 @@ def test_invalid_utf8_names_file_line_and_column(tmp_path):
 
 
 def test_empty_slice_at_load_time_names_the_row_count(tmp_path):
-    from seekrl.config import load_config
-    from seekrl.train.setup import load_split
+    from seekrl.data.config import DataConfig
+    from seekrl.data.sets import load_split
 
     path = _jsonl(tmp_path / "five.jsonl", [{"id": i, "question": f"q{i}", "answer": "a"} for i in range(5)])
     with pytest.raises(DataError) as err:
-        load_split(f"{path}[7:]", load_config(None, []), "train", None)
+        load_split(f"{path}[7:]", DataConfig(), "train", None)
     assert str(err.value) == f"'{path}[7:]' selects no rows: {path} has 5 rows; take rows within them (e.g. {path}[:2])"
 
 
@@ -278,8 +278,8 @@ def test_builtin_hub_fallback_when_no_dir_has_the_file(tmp_path, monkeypatch):
     import sys
     import types
 
+    from seekrl.data.corpus import hotpotqa_gold_titles
     from seekrl.data.teacher import gold_titles
-    from seekrl.retrieval.corpus import hotpotqa_gold_titles
 
     _dirs(tmp_path, monkeypatch)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -362,12 +362,12 @@ def test_json_list_and_limit(tmp_path):
 
 
 def test_split_spec_slices_rows_before_limit(tmp_path):
-    from seekrl.config import load_config
-    from seekrl.train.setup import load_split
+    from seekrl.data.config import DataConfig
+    from seekrl.data.sets import load_split
 
     path = tmp_path / "qa.jsonl"
     path.write_text("".join(json.dumps({"id": i, "question": f"q{i}", "answer": f"a{i}"}) + "\n" for i in range(10)))
-    cfg = load_config(None, [])
+    cfg = DataConfig()
     ids = lambda spec, limit=None: [t.id for t in load_split(spec, cfg, "train", limit)]  # noqa: E731
     assert ids(f"{path}[:3]") == ["0", "1", "2"]
     assert ids(f"{path}[3:]") == [str(i) for i in range(3, 10)]  # disjoint from [:3]

@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import save_file
 
 from seekrl.engines.adapters import (
+    VLLMAPI,
     AdapterError,
     GenResult,
     HTTPCall,
     SGLangAPI,
-    VLLMAPI,
     get_api,
 )
 from seekrl.engines.vllm_worker import SeekrlWorkerExtension

@@ -220,27 +220,3 @@ def test_cancel_on_disconnect_returns_the_result_and_its_errors():
     assert asyncio.run(cancel_on_disconnect(FakeRequest(), value(), poll_s=0.005)) == 42
     with pytest.raises(ValueError, match="bad prompt"):
         asyncio.run(cancel_on_disconnect(FakeRequest(), boom()))
-
-
-# ---- the old module paths -----------------------------------------------------------------------
-def test_old_module_paths_reexport():
-    pytest.importorskip("fastapi")
-    import seekrl.serving as serving
-    from seekrl.servers import guards
-
-    assert serving.HTTPError is guards.HTTPError and serving.check_port is guards.check_port
-    assert serving.expected_authorization("t") == b"Bearer t" and serving.expected_authorization(None) is None
-    serving.check_bearer({"authorization": "bearer t"}, b"Bearer t")
-    with pytest.raises(HTTPError):
-        serving.check_bearer({"authorization": "Bearer u"}, b"Bearer t")
-    assert asyncio.run(serving.read_json_body(FakeRequest(b"[1]"), 10)) == [1]
-
-    import seekrl.retrieval.server as old_retrieval
-    import seekrl.serve_policy as old_policy
-    import seekrl.servers.policy as policy
-    import seekrl.servers.retrieval as retrieval
-
-    assert old_policy.make_app is policy.make_app and old_policy.main is policy.main
-    assert old_retrieval.make_app is retrieval.make_app and old_retrieval.serve is retrieval.serve
-    for module in (serving, old_policy, old_retrieval):
-        assert all(hasattr(module, name) for name in module.__all__)

@@ -10,10 +10,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from seekrl.config import ConfigError, load_config
+from seekrl.build import critic_trainer, policy_trainer
+from seekrl.config import load_config
+from seekrl.errors import NonFiniteError, SeekrlError
 from seekrl.models import make_value_model
 from seekrl.observe.stats import StatsTracker
-from seekrl.train.policy import CriticTrainer, NonFiniteError, NonFiniteGuard, PolicyTrainer
+from seekrl.train.batch import TokenBatch, pad_completion
+from seekrl.train.optim import NonFiniteGuard
 from seekrl.types import Task, Trajectory
 
 
@@ -34,7 +37,7 @@ def test_guard_counts_consecutive_steps_and_stops():
         assert guard.end_step() == {"train/nonfinite_skipped": 1.0, "train/nonfinite_skipped_total": float(step - 2)}
     with pytest.raises(NonFiniteError) as e:
         guard.raise_if_stuck(5)
-    assert isinstance(e.value, ConfigError)  # the CLI prints it in one line and exits 2
+    assert isinstance(e.value, SeekrlError) and e.value.exit_status == 2  # the CLI prints it in one line and exits 2
     assert str(e.value) == (
         "step 5: loss/policy is nan; 2 consecutive steps had a non-finite loss or gradient norm and their updates "
         "were skipped (train.max_nonfinite=2); lower train.lr or check the rewards (the checkpoints hold the last finite weights)"
@@ -67,6 +70,22 @@ def _trajs(n=4):
     return out
 
 
+def _update(trainer, trajs, adv, stats):
+    """The policy update on `trajs` with these advantages and the engine's log-probs as old ones."""
+    batch = TokenBatch.from_trajectories(trajs)
+    batch.old_logp_BC, batch.adv_BC = batch.behav_logp_BC, pad_completion(adv, batch.width)
+    trainer.update(batch, stats)
+
+
+def _critic(critic, trajs, returns=None):
+    """A TokenBatch with the critic's values (and `returns` as its targets)."""
+    batch = TokenBatch.from_trajectories(trajs)
+    batch.values_BC = critic.values(batch)
+    if returns is not None:
+        batch.returns_BC = pad_completion(returns, batch.width)
+    return batch
+
+
 def _snapshot(module):
     return [p.detach().clone() for p in module.parameters()]
 
@@ -80,13 +99,12 @@ def test_policy_update_with_nonfinite_loss_is_skipped(bad):
     cfg = load_config(None, ["train.lr=1e-2", "train.minibatches=2", "rollout.batch_size=4", "rollout.group_size=2",
                              "train.warmup_steps=4", "train.micro_batch_tokens=16"])
     model = _model()
-    trainer = PolicyTrainer(model, cfg, pad_id=0, total_steps=10)
+    trainer = policy_trainer(cfg, model, 0, total_steps=10)
     trajs = _trajs()
-    old = [t.logprobs for t in trajs]
     good_adv = [[1.0, -1.0, 0.5, 0.0] for _ in trajs]
     bad_adv = [[bad] * 4 for _ in trajs]
     before, stats = _snapshot(model), StatsTracker()
-    trainer.update(trajs, bad_adv, old, None, 0.0, stats)
+    _update(trainer, trajs, bad_adv, stats)
     metrics = {**stats.export(), **trainer.guard.end_step()}
     assert _same(before, model), "a non-finite update changed the weights"
     assert not trainer.optimizer.state  # AdamW's moments were never created
@@ -96,11 +114,11 @@ def test_policy_update_with_nonfinite_loss_is_skipped(bad):
     assert math.isnan(metrics["loss/policy"]) or math.isinf(metrics["loss/policy"])  # logged as it was (null in metrics.jsonl)
     # one bad minibatch of two: the other one updates
     mixed = [good_adv[0], good_adv[1], good_adv[2], bad_adv[3]]
-    trainer.update(trajs, mixed, old, None, 0.0, StatsTracker())
+    _update(trainer, trajs, mixed, StatsTracker())
     assert trainer.guard.end_step()["train/nonfinite_skipped"] == 1.0 and not _same(before, model)
     assert all(torch.isfinite(p).all() for p in model.parameters())
     after_mixed = _snapshot(model)
-    trainer.update(trajs, good_adv, old, None, 0.0, StatsTracker())
+    _update(trainer, trajs, good_adv, StatsTracker())
     assert trainer.guard.end_step() == {"train/nonfinite_skipped": 0.0, "train/nonfinite_skipped_total": 2.0}
     assert not _same(after_mixed, model)
 
@@ -108,26 +126,25 @@ def test_policy_update_with_nonfinite_loss_is_skipped(bad):
 def test_policy_update_with_nonfinite_gradient_is_skipped(monkeypatch):
     cfg = load_config(None, ["train.lr=1e-2", "rollout.batch_size=4", "rollout.group_size=2"])
     model = _model()
-    trainer = PolicyTrainer(model, cfg, pad_id=0, total_steps=10)
+    trainer = policy_trainer(cfg, model, 0, total_steps=10)
     trajs = _trajs()
     real = torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: real(params, max_norm) * math.inf)
     before = _snapshot(model)
-    trainer.update(trajs, [[1.0] * 4 for _ in trajs], [t.logprobs for t in trajs], None, 0.0, StatsTracker())
+    _update(trainer, trajs, [[1.0] * 4 for _ in trajs], StatsTracker())
     assert _same(before, model) and not trainer.optimizer.state
     assert trainer.guard.last_bad is None and trainer.guard.first_bad == ("grad_norm/policy", math.inf)
 
 
 def test_critic_update_with_nonfinite_returns_is_skipped_and_reported_to_the_shared_guard():
     cfg = load_config(None, ["algo.name=ppo", "train.critic_lr=1e-2", "rollout.batch_size=4", "rollout.group_size=2"])
-    critic = CriticTrainer(make_value_model(_model()), cfg, pad_id=0, total_steps=10)
+    critic = critic_trainer(cfg, make_value_model(_model()), 0, total_steps=10)
     trajs = _trajs()
-    values = critic.values(trajs)
     guard = NonFiniteGuard(3)
     before = _snapshot(critic.model)
-    critic.update(trajs, values, [[math.inf] * 4 for _ in trajs], StatsTracker(), guard=guard)
+    critic.update(_critic(critic, trajs, [[math.inf] * 4 for _ in trajs]), StatsTracker(), guard=guard)
     assert _same(before, critic.model) and not critic.optimizer.state
     assert guard.first_bad[0] == "loss/value" and critic.guard.first_bad is None
     assert critic.scheduler.last_epoch == 1
-    critic.update(trajs, values, [[1.0] * 4 for _ in trajs], StatsTracker(), guard=guard)
+    critic.update(_critic(critic, trajs, [[1.0] * 4 for _ in trajs]), StatsTracker(), guard=guard)
     assert not _same(before, critic.model)

@@ -10,12 +10,13 @@ import random
 import pytest
 import torch
 
+from seekrl.errors import CheckpointError
 from seekrl.observe.stats import StatsTracker
 from seekrl.parallel.controller import decode_batch, encode_batch
 from seekrl.parallel.ranks import Ranks
-from seekrl.parallel.shards import rank_micro_batches, shard_rows
-from seekrl.rollout.executor import RolloutBatch
-from seekrl.train.checkpoint import CheckpointError
+from seekrl.rollout.base import RolloutBatch
+from seekrl.train.batch import TokenBatch
+from seekrl.train.plan import MicroBatchPlan, shard_rows
 from seekrl.types import Task, Trajectory, TrajectoryGroup
 
 
@@ -35,10 +36,11 @@ def trajs(n_prompts=5, g=4, seed=0):
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
 def test_shard_rows_partition_balanced_and_keep_groups(world):
     ts = trajs()
+    batch = TokenBatch.from_trajectories(ts)
     idx = list(range(len(ts)))[::-1]
-    parts = shard_rows(ts, idx, world)
+    parts = shard_rows(batch, idx, world)
     assert sorted(i for p in parts for i in p) == sorted(idx) and len(parts) == world
-    assert parts == shard_rows(ts, idx, world)  # deterministic: every rank computes every rank's share
+    assert parts == shard_rows(batch, idx, world)  # deterministic: every rank computes every rank's share
     for p in parts:
         assert p == [i for i in idx if i in p]  # in idx order
     if world <= 5:  # enough prompts: the G rows of a prompt stay on one rank
@@ -51,17 +53,21 @@ def test_shard_rows_partition_balanced_and_keep_groups(world):
 
 
 def test_rank_micro_batches_pad_to_the_longest_plan():
-    ts = trajs()
-    idx = list(range(len(ts)))
+    batch = TokenBatch.from_trajectories(trajs())
+    idx = list(range(len(batch)))
+
+    def plan(ranks):
+        return MicroBatchPlan(64, 0, torch.device("cpu"), share_prefix=True, ranks=ranks)
+
     counts, real_rows = [], []
     for rank in range(3):
-        mbs = list(rank_micro_batches(ts, idx, 64, 0, "cpu", True, Ranks(rank=rank, world=3)))
+        mbs = list(plan(Ranks(rank=rank, world=3)).micro_batches(batch, idx))
         counts.append(len(mbs))
         real_rows += [i for mb in mbs if not mb.dummy for i in mb.index]
         assert all(mb.prompt_ids_UP is not None for mb in mbs)  # every micro-batch takes the two-pass layout
     assert len(set(counts)) == 1  # the same number of passes on every rank
     assert sorted(real_rows) == idx  # every row exactly once, over the ranks
-    one = list(rank_micro_batches(ts, idx, 64, 0, "cpu", True, Ranks()))
+    one = list(plan(Ranks()).micro_batches(batch, idx))
     assert not any(mb.dummy for mb in one) and sorted(i for mb in one for i in mb.index) == idx
 
 
@@ -93,7 +99,7 @@ def test_batch_codec_round_trip():
 
 def test_dcp_metadata_reader_refuses_code(tmp_path):
     """DCP's index is a pickle: the reader admits DCP's classes and refuses anything else."""
-    from seekrl.parallel.dcp import _read_dcp_metadata
+    from seekrl.train.checkpoint_dcp import read_dcp_metadata
 
     class Evil:
         def __reduce__(self):
@@ -101,18 +107,18 @@ def test_dcp_metadata_reader_refuses_code(tmp_path):
 
     (tmp_path / ".metadata").write_bytes(pickle.dumps(Evil()))
     with pytest.raises(CheckpointError) as e:
-        _read_dcp_metadata(tmp_path)
+        read_dcp_metadata(tmp_path)
     assert "system" in e.value.reason
     assert not (tmp_path / "pwned").exists()
     import torch.distributed.checkpoint as dcp
 
     dcp.save({"w": torch.arange(6.0).reshape(2, 3)}, checkpoint_id=str(tmp_path / "ok"))
-    meta = _read_dcp_metadata(tmp_path / "ok")  # a real index loads
+    meta = read_dcp_metadata(tmp_path / "ok")  # a real index loads
     assert "w" in meta.state_dict_metadata
 
 
 def test_rank_errors_one_line_naming_the_rank(monkeypatch, capsys):
-    from seekrl.config import ConfigError
+    from seekrl.errors import ConfigError
     from seekrl.parallel.ranks import rank_errors
 
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -16,13 +16,13 @@ import re
 
 import pytest
 
+from seekrl.data.corpus import Document
 from seekrl.data.loaders import builtin_rows, load_tasks
 from seekrl.data.teacher import ScriptedTeacher, gold_titles
 from seekrl.evaluate import score_trajectory, summarize
 from seekrl.generate import run_episode
 from seekrl.recipes.hotpotqa import hotpotqa_split, paired_bootstrap, supported_episode
 from seekrl.retrieval.bm25 import BM25Index
-from seekrl.retrieval.corpus import Document
 from seekrl.retrieval.retriever import LocalRetriever
 from seekrl.rewards import Rubric
 from seekrl.tools.base import ToolRegistry

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
+from seekrl.data.corpus import read_corpus
 from seekrl.data.loaders import load_tasks
-from seekrl.data.synthetic import KINDS, BLOCKED_WORDS, World, load_world, make_world
+from seekrl.data.synthetic import BLOCKED_WORDS, KINDS, World, load_world, make_world
 from seekrl.retrieval.bm25 import BM25Index
-from seekrl.retrieval.corpus import read_corpus
 
 # Common English words (and a few real names) that no generated name may be.
 ENGLISH = set(

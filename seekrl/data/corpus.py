@@ -19,7 +19,7 @@ The input files are looked up per file as the builtin data sets are (`locate_dat
 `data_dir` argument alone, else $SEEKRL_DATA_DIR, then ./../shared/data and <repo root>/../shared/data
 (no hub fallback); when none has one, a one-line FileNotFoundError names the dirs tried.
 
-    python -c "from seekrl.retrieval.corpus import *; write_corpus(hotpotqa_corpus(), 'hotpotqa.jsonl')"
+    python -c "from seekrl.data.corpus import *; write_corpus(hotpotqa_corpus(), 'hotpotqa.jsonl')"
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from seekrl.data.loaders import DATA_DIR_ENV, locate_data_file
+from seekrl.data.loaders import DATA_DIR_ENV, builtin_rows, locate_data_file
+from seekrl.errors import DataError
 
 __all__ = [
     "Document",
@@ -177,8 +178,6 @@ def hotpotqa_corpus(data_dir: str | os.PathLike | None = None) -> list[Document]
     When no data dir has dev_distractor.jsonl, the paragraphs of the builtin `hotpotqa` rows from
     the Hugging Face hub (data/loaders.py's order; the hub's distractor validation split)."""
     if locate_data_file(HOTPOTQA_FILES[0], data_dir)[0] is None:
-        from seekrl.data.loaders import DataError, builtin_rows
-
         try:
             rows = [row for _, row in builtin_rows("hotpotqa", "dev", data_dir)]
         except DataError as e:

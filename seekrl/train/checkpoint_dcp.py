@@ -1,4 +1,4 @@
-"""A sharded optimizer state in a checkpoint: torch.distributed.checkpoint (DCP), read safely.
+"""A sharded optimizer state in a checkpoint (trainer ranks, FSDP2): torch.distributed.checkpoint (DCP), read safely.
 
 `save_sharded_optimizer` (a collective) writes `<name>_dcp/` in a checkpoint folder: every rank
 its shard of the AdamW tensors, keyed "state.<parameter name>.<field>", and rank 0 the rest
@@ -21,7 +21,10 @@ from pathlib import Path
 
 import torch
 
-from seekrl.train.checkpoint import CheckpointError, _load_tree, _save_tree
+from seekrl.errors import CheckpointError
+from seekrl.train.checkpoint_tree import load_tree, save_tree
+
+__all__ = ["save_sharded_optimizer", "load_sharded_optimizer", "load_full_optimizer_sharded", "check_dcp", "read_dcp_metadata"]
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -51,7 +54,8 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise CheckpointError("", f"optimizer_dcp/.metadata names {module}.{name}, which a DCP index never holds (refusing to load it)")
 
 
-def _read_dcp_metadata(folder: Path):
+def read_dcp_metadata(folder: Path):
+    """The `.metadata` index of a DCP folder, read by the restricted unpickler."""
     with open(folder / ".metadata", "rb") as f:
         return _MetadataUnpickler(f).load()
 
@@ -62,7 +66,7 @@ def _dcp_reader(folder: Path):
 
     class _SafeDCPReader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
-            metadata = _read_dcp_metadata(folder)
+            metadata = read_dcp_metadata(folder)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -85,7 +89,7 @@ def save_sharded_optimizer(folder: Path, name: str, model: torch.nn.Module, opti
     extra = {fqn: {k: v for k, v in st.items() if not isinstance(v, torch.Tensor)} for fqn, st in osd["state"].items()}
     dcp.save(_optimizer_tensors(osd), storage_writer=FileSystemWriter(str(folder / f"{name}_dcp")))
     if main:
-        _save_tree(folder / f"{name}_dcp", "param_groups", {"param_groups": osd["param_groups"], "extra": extra})
+        save_tree(folder / f"{name}_dcp", "param_groups", {"param_groups": osd["param_groups"], "extra": extra})
 
 
 def load_sharded_optimizer(folder: Path, name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -99,7 +103,7 @@ def load_sharded_optimizer(folder: Path, name: str, model: torch.nn.Module, opti
     with warnings.catch_warnings():  # one process reading a sharded save is intended (N ranks -> 1)
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         dcp.load(tensors, storage_reader=_dcp_reader(src))
-    saved = _load_tree(src, "param_groups")
+    saved = load_tree(src, "param_groups")
     state = {fqn: {**saved["extra"].get(fqn, {}), **{k: tensors[f"state.{fqn}.{k}"] for k in st if f"state.{fqn}.{k}" in tensors}}
              for fqn, st in osd["state"].items()}
     set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": saved["param_groups"]})
@@ -122,7 +126,7 @@ def check_dcp(folder: Path, name: str) -> None:
     if not (src / ".metadata").is_file():
         raise CheckpointError("", f"{name}_dcp/.metadata is missing (an incomplete sharded save)")
     try:
-        metadata = _read_dcp_metadata(src)
+        metadata = read_dcp_metadata(src)
     except CheckpointError:
         raise
     except Exception as e:

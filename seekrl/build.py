@@ -1,0 +1,288 @@
+"""The composition root: from a checked `Config` to the typed components each job runs on.
+
+    rl = build_rl(cfg)           # RLRun   (train/rl.py): tasks, policy, engine, workflow, rollout, trainers
+    ev = build_eval(cfg)         # EvalRun (evaluate.py): tasks, policy, engine, workflow; no optimizer, no critic
+    sft = build_sft(cfg)         # SFTRun  (train/sft.py): examples, policy
+    gen = build_generate(cfg)    # GenerateRun (generate.py): tasks, chat engine, tools, rubric
+
+This is the one module that reads the whole config and knows how the parts fit: every other
+module gets its own section (`EngineConfig`, `TrainConfig`, ...) or plain values. Each builder
+checks what can fail on bad input first (reward names, data files, tools), then loads the model.
+The jobs (seekrl/jobs.py) run what these return; servers build their engine with `local_engine`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from seekrl.algo.advantages import AdaptiveKLController, FixedKLController
+from seekrl.config import Config
+from seekrl.data.sets import TaskSets, load_split, load_task_sets, tiny_texts_of
+from seekrl.engines.base import InferenceEngine, text_decoder
+from seekrl.engines.local import LocalEngine
+from seekrl.engines.setup import SamplerSettings, make_engine
+from seekrl.engines.weights import write_weights
+from seekrl.errors import ConfigError
+from seekrl.evaluate import EvalRun
+from seekrl.generate import GenerateRun, OpenAIChatEngine
+from seekrl.models import ModelConfig, load_policy, make_value_model, seed_everything
+from seekrl.observe.config import run_dir as run_folder_of
+from seekrl.parallel.controller import FollowerRollout, LeaderRollout
+from seekrl.parallel.fsdp import is_sharded, shard_model
+from seekrl.parallel.ranks import Ranks, init_ranks
+from seekrl.rewards.rubric import Rubric, build_rubric
+from seekrl.rollout import stable_seed
+from seekrl.rollout.base import Workflow
+from seekrl.rollout.config import sampling_params
+from seekrl.rollout.executor import make_rollout
+from seekrl.train.batching import FORWARD_METHODS
+from seekrl.train.policy import CriticTrainer, PolicyTrainer
+from seekrl.train.rl import RLRun
+from seekrl.train.sft import SFTRun, load_sft_rows, tiny_texts, tokenize_examples
+
+__all__ = ["run_folder", "sampler_settings", "build_workflow", "build_rl", "policy_trainer", "critic_trainer", "build_eval",
+           "build_sft", "build_generate", "write_initial_weights", "local_engine"]
+
+
+def run_folder(cfg: Config, write: bool = True) -> Path:
+    """runs/<log.name>/; with `write`, created, the resolved config printed and saved as config.yaml
+    (`write=False`: only the path, for trainer ranks other than 0)."""
+    run_dir = run_folder_of(cfg.log)
+    if not write:
+        return run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    if cfg.log.progress:
+        Console(stderr=True).print(f"[bold]seekrl[/bold] run folder: {run_dir}\n" + cfg.to_yaml(), highlight=False)
+    return run_dir
+
+
+def sampler_settings(cfg: Config) -> SamplerSettings:
+    """How seekrl's own engines sample: model.dtype / device, rollout.engine_batch_size / compile, train.seed."""
+    return SamplerSettings(dtype=cfg.model.dtype, device=cfg.model.device, max_batch_size=cfg.rollout.engine_batch_size,
+                           seed=cfg.train.seed, compile=cfg.rollout.compile)
+
+
+def _rubric(cfg: Config) -> Rubric:
+    return build_rubric(cfg.reward, cfg.rollout.max_new_tokens)
+
+
+def build_workflow(cfg: Config, tokenizer, rubric: Rubric) -> Workflow:
+    """Single-turn RLVR, or the multi-turn tool agent when `tools.format` is set."""
+    from seekrl.workflows.single_turn import SingleTurnWorkflow
+
+    params = sampling_params(cfg.rollout)
+    if cfg.tools.format is None:
+        return SingleTurnWorkflow(tokenizer, params, rubric)
+    from seekrl.tools.parsers import get_format
+    from seekrl.tools.setup import make_tool_executor
+    from seekrl.workflows.tool_agent import ToolAgentWorkflow
+
+    r = cfg.rollout
+    return ToolAgentWorkflow(
+        tokenizer, params, rubric, get_format(cfg.tools.format), make_tool_executor(cfg.tools), max_turns=r.max_turns,
+        max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens, mask_observations=r.mask_observations,
+    )
+
+
+def _task_sets(cfg: Config) -> TaskSets:
+    return load_task_sets(cfg.data, seed=cfg.train.seed, tasks_per_step=cfg.rollout.tasks_per_step,
+                          tiny=cfg.model.path == "tiny", tools=cfg.tools.format is not None)
+
+
+def _policy(cfg: Config, texts: list[str] | None, model: ModelConfig | None = None):
+    return load_policy(model or cfg.model, seed=cfg.train.seed, tiny_texts=texts)
+
+
+def _eval_params(cfg: Config):
+    return sampling_params(cfg.rollout, temperature=cfg.eval.temperature, seed=stable_seed(cfg.train.seed, "eval"))
+
+
+def _engine(cfg: Config, model, tokenizer, run_dir: Path) -> InferenceEngine:
+    """engine.servers=N starts them here. The async rollout with staleness samples while the
+    trainer steps: from a copy of the weights (with max_staleness 0 nothing is sampled during an
+    update, so they stay shared)."""
+    r = cfg.rollout
+    return make_engine(cfg.engine, model, tokenizer, run_dir, sampler_settings(cfg),
+                       copy_weights=r.mode == "async" and r.max_staleness > 0)
+
+
+def build_rl(cfg: Config) -> RLRun:
+    """Everything `seekrl train` runs on. What can fail on bad input fails first, then the model loads."""
+    t, m = cfg.train, cfg.model
+    rubric = _rubric(cfg)
+    tasks = _task_sets(cfg)
+    ranks = init_ranks(t.dist_backend, t.fsdp, t.dist_timeout_s, lora=m.lora_r > 0, device=m.device)
+    run_dir = run_folder(cfg, write=ranks.is_main)
+    seed_everything(t.seed)
+    model, tokenizer = _policy(cfg, tasks.tiny_texts)
+    # rank 0 samples from a full copy when the policy is sharded; the other ranks have no engine
+    full_model = (copy.deepcopy(model) if ranks.sharded else model) if ranks.is_main else None
+    workflow = engine = None
+    if ranks.is_main:
+        workflow = build_workflow(cfg, tokenizer, rubric)
+        tasks.drop_long_prompts(workflow.prompt_ids, cfg.rollout.max_prompt_tokens)
+        engine = _engine(cfg, full_model, tokenizer, run_dir)
+    else:
+        tasks.eval = []  # rank 0 evaluates
+    try:
+        return _assemble_rl(cfg, run_dir, tasks, model, tokenizer, full_model, engine, workflow, rubric, ranks)
+    except BaseException:
+        if engine is not None:
+            engine.close()  # servers started above stop
+        raise
+
+
+def _shard(model: torch.nn.Module, cfg: Config, ranks: Ranks) -> torch.nn.Module:
+    return shard_model(model, ranks, cfg.train.mixed_precision, FORWARD_METHODS)
+
+
+def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, full_model, engine: InferenceEngine | None,
+                 workflow: Workflow | None, rubric: Rubric, ranks: Ranks) -> RLRun:
+    t, a, r = cfg.train, cfg.algo, cfg.rollout
+    ref_model = None
+    if a.kl_coef > 0 and cfg.model.lora_r == 0:
+        ref_model = _shard(copy.deepcopy(model).eval().requires_grad_(False), cfg, ranks)
+    value_model = make_value_model(model) if a.name == "ppo" else None
+    model = _shard(model, cfg, ranks)  # FSDP2 over the ranks; one process: as it is
+    trainer = policy_trainer(cfg, model, tokenizer.pad_token_id, ref_model=ref_model, ranks=ranks)
+    critic = critic_trainer(cfg, _shard(value_model, cfg, ranks), tokenizer.pad_token_id, ranks=ranks) if value_model else None
+    kl_ctl = AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target is not None else FixedKLController(a.kl_coef)
+    # Engine log-probs are exact old log-probs on shared fp32 weights; inserted tokens trained on
+    # (mask_observations=false) have none, so that ablation recomputes them.
+    unmasked = cfg.tools.format is not None and not r.mask_observations
+    reuse = t.recompute_logprobs == "never" or (
+        t.recompute_logprobs == "auto" and next(model.parameters()).dtype == torch.float32 and not unmasked
+        and (engine is None or engine.exact_logprobs)  # remote: only seekrl's fp32 servers on the same weights
+        and not (is_sharded(model) and model.device.type == "cuda")  # bf16 compute under FSDP mixed precision
+    )
+    reuse = ranks.broadcast_json(reuse)  # rank 0 knows its engine
+    if ranks.is_main:
+        rollout = make_rollout(r, workflow, engine, tasks.iterator, sampling_params(r), seed=t.seed, decode=text_decoder(tokenizer))
+        rollout = LeaderRollout(rollout, ranks, full_model) if ranks.distributed else rollout
+    else:
+        rollout = FollowerRollout(ranks)
+    return RLRun(
+        train=t, algo=a, eval=cfg.eval, log=cfg.log, config=cfg.to_dict(), run_dir=run_dir, tasks=tasks, model=model,
+        full_model=full_model, tokenizer=tokenizer, engine=engine, workflow=workflow, eval_params=_eval_params(cfg),
+        primary_reward=rubric.names[0], rollout=rollout, trainer=trainer, critic=critic, kl_ctl=kl_ctl,
+        reuse_engine_logprobs=reuse, ranks=ranks,
+    )
+
+
+def policy_trainer(cfg: Config, model, pad_id: int, *, total_steps: int | None = None, ref_model=None,
+                   ranks: Ranks | None = None) -> PolicyTrainer:
+    """The policy update of `train.*` / `algo.*`, scoring at rollout.temperature (the lr schedule
+    counts `total_steps`, default train.steps)."""
+    r = cfg.rollout
+    return PolicyTrainer(model, cfg.train, cfg.algo, pad_id=pad_id, temperature=r.temperature, norm_tokens=r.max_new_tokens,
+                         total_steps=cfg.train.steps if total_steps is None else total_steps, ref_model=ref_model, ranks=ranks)
+
+
+def critic_trainer(cfg: Config, value_model, pad_id: int, *, total_steps: int | None = None,
+                   ranks: Ranks | None = None) -> CriticTrainer:
+    """PPO's critic update (train.critic_lr, algo.value_clip)."""
+    return CriticTrainer(value_model, cfg.train, cfg.algo, pad_id=pad_id,
+                         total_steps=cfg.train.steps if total_steps is None else total_steps, ranks=ranks)
+
+
+def build_eval(cfg: Config) -> EvalRun:
+    """What `seekrl eval` runs on: `data.eval` only (nothing is trained: no optimizer, no critic, no
+    reference model), the policy of `model.path`, the training workflow and engine. Its folder is
+    runs/<name>/eval/, next to the training run's files."""
+    if not cfg.data.eval:
+        raise ConfigError("data.eval is not set; name the tasks to evaluate (e.g. data.eval=gsm8k:test)")
+    rubric = _rubric(cfg)
+    d = cfg.data
+    tasks = load_split(d.eval, d, "test", d.max_eval, cfg.train.seed)
+    # runs/<name>/eval/: next to the training run's files, never over its config.yaml
+    out = run_folder(dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_folder_of(cfg.log)), name="eval")))
+    seed_everything(cfg.train.seed)
+    texts = tiny_texts_of(tasks, tools=cfg.tools.format is not None) if cfg.model.path == "tiny" else None
+    model, tokenizer = _policy(cfg, texts)
+    workflow = build_workflow(cfg, tokenizer, rubric)
+    tasks = [task for task in tasks if len(workflow.prompt_ids(task)) <= cfg.rollout.max_prompt_tokens]
+    if not tasks:
+        raise ConfigError(f"every data.eval prompt is longer than rollout.max_prompt_tokens={cfg.rollout.max_prompt_tokens}; raise it")
+    engine = _engine(cfg, model, tokenizer, out)
+    return EvalRun(run_dir=out, tasks=tasks, workflow=workflow, engine=engine, tokenizer=tokenizer, n=cfg.eval.n,
+                   params=_eval_params(cfg), primary_reward=rubric.names[0], progress=cfg.log.progress)
+
+
+def build_sft(cfg: Config) -> SFTRun:
+    """What `seekrl sft` runs on: the chat rows of data.train (and data.eval), tokenized with the
+    policy's tokenizer, conversations longer than model.max_context dropped and counted."""
+    d, m = cfg.data, cfg.model
+    train_convs = load_sft_rows(d.train, d.max_train)
+    eval_convs = load_sft_rows(d.eval, d.max_eval) if d.eval else []
+    run_dir = run_folder(cfg)
+    seed_everything(cfg.train.seed)
+    model, tokenizer = _policy(cfg, tiny_texts(train_convs + eval_convs) if m.path == "tiny" else None)
+    train_ex = tokenize_examples(tokenizer, train_convs, m.max_context, "data.train")
+    eval_ex = tokenize_examples(tokenizer, eval_convs, m.max_context, "data.eval") if eval_convs else []
+    return SFTRun(train=cfg.train, log=cfg.log, eval_every=cfg.eval.every, batch_size=cfg.rollout.batch_size, shuffle=d.shuffle,
+                  config=cfg.to_dict(), run_dir=run_dir, model=model, tokenizer=tokenizer, train_examples=train_ex,
+                  eval_examples=eval_ex)
+
+
+def build_generate(cfg: Config) -> GenerateRun:
+    """What `seekrl generate` runs on: the train tasks, the text tool format and tools, the rubric,
+    and the chat engine (`generate.endpoint`: an OpenAI-compatible server or the scripted teacher)."""
+    import os
+
+    from seekrl.tools.parsers import get_format
+    from seekrl.tools.setup import make_tool_executor
+
+    g = cfg.generate
+    if cfg.tools.format not in ("search_r1", "dr_tulu"):
+        raise ConfigError(f"generate needs tools.format search_r1 or dr_tulu (text tool calls), got {cfg.tools.format}")
+    if not g.out:
+        raise ConfigError("generate.out is not set; name the JSONL file to write (e.g. generate.out=data/sft.jsonl)")
+    rubric = _rubric(cfg)
+    tasks = load_split(cfg.data.train, cfg.data, "train", cfg.data.max_train, cfg.train.seed)
+    fmt, executor = get_format(cfg.tools.format), make_tool_executor(cfg.tools)
+    if g.endpoint == "teacher":
+        from seekrl.data.teacher import ScriptedTeacher
+
+        try:  # the probabilities are validated with the config; the kinds need the tasks
+            engine = ScriptedTeacher(tasks, cfg.tools.format, seed=cfg.train.seed, skip_search=g.teacher_skip_search,
+                                     stop_early=g.teacher_stop_early, weak_query=g.teacher_weak_query, give_up=g.teacher_give_up,
+                                     max_turns=cfg.rollout.max_turns, quote=g.teacher_quote, first_query=g.teacher_first_query,
+                                     overconfident_kinds=g.teacher_overconfident_kinds)
+        except ValueError as e:
+            raise ConfigError(f"generate.teacher_{e}") from e
+    else:
+        key = os.environ.get(g.api_key_env) if g.api_key_env else None
+        engine = OpenAIChatEngine(g.endpoint, g.model, key, timeout_s=g.timeout_s, retries=g.retries, concurrency=g.concurrency)
+    return GenerateRun(settings=g, tasks=tasks, engine=engine, fmt=fmt, executor=executor, rubric=rubric,
+                       max_turns=cfg.rollout.max_turns, max_tokens=cfg.rollout.max_new_tokens, progress=cfg.log.progress,
+                       seed=cfg.train.seed)
+
+
+def write_initial_weights(cfg: Config, run_dir: str | Path) -> Path:
+    """`<run>/engine/weights/v0`: the policy the trainer starts from (as `build_rl` loads it: the task
+    sets give a tiny model's tokenizer its texts, seeded by train.seed), built on this process's CPU
+    (the same weights; the GPUs are the servers' and the ranks'). `seekrl launch` starts its engine
+    servers on them."""
+    tasks = _task_sets(cfg)
+    seed_everything(cfg.train.seed)
+    cpu = dataclasses.replace(cfg.model, device="cpu")
+    model, tokenizer = _policy(cfg, tasks.tiny_texts, cpu)
+    return write_weights(model, Path(run_dir) / "engine" / "weights", 0, tokenizer=tokenizer)
+
+
+def local_engine(model_path: str, *, dtype: str = "float32", device: str = "auto", seed: int = 0, max_batch_size: int = 64,
+                 compile: str = "false") -> tuple[LocalEngine, object]:
+    """An engine over `model_path` (anything model.path accepts), for the servers: frozen weights,
+    a tiny model's tokenizer trained on the printable characters. Returns (engine, tokenizer)."""
+    import string
+
+    model, tokenizer = load_policy(ModelConfig(path=str(model_path), dtype=dtype, device=device), seed=seed,
+                                   tiny_texts=[string.printable])
+    return LocalEngine(model.eval().requires_grad_(False), tokenizer, max_batch_size=max_batch_size, seed=seed,
+                       compile=compile), tokenizer

@@ -1,0 +1,130 @@
+"""Every metric a run writes to metrics.jsonl, and what it means.
+
+docs/ARCHITECTURE.md's table of metrics is generated from `METRICS` (scripts/docs_tables.py), and
+the integration tests check that every key their runs log is documented here (`undocumented`),
+so the table cannot fall behind the code. A name may hold placeholders: `<part>` a reward part
+(a rubric name, or `name/part` of a RewardResult), `<source>` a data source, `<kind>` a task's
+meta kind, `<scope>` a source or kind, `<tool>` a tool name, `<k>` an integer, `<metric>` any
+evaluation metric above it.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["METRICS", "documented", "undocumented"]
+
+# name -> (written by, meaning)
+METRICS: dict[str, tuple[str, str]] = {
+    "step": ("all", "the step the row belongs to (0: before the first update)"),
+    # rollout (train/rl.py)
+    "reward/mean": ("rl", "mean reward of the step's trajectories (also /std /min /max)"),
+    "reward/std": ("rl", "population std of the rewards"),
+    "reward/min": ("rl", "lowest reward"),
+    "reward/max": ("rl", "highest reward"),
+    "reward/<part>": ("rl", "mean of one unweighted reward part (qa_em, search_r1/em, ...)"),
+    "reward/<source>/mean": ("rl", "mean reward per data source, when the step mixes several"),
+    "response_len/mean": ("rl", "tokens after the prompt per trajectory, sampled and inserted (also /std /min /max)"),
+    "response_len/std": ("rl", "std of response_len"),
+    "response_len/min": ("rl", "shortest response"),
+    "response_len/max": ("rl", "longest response"),
+    "rollout/truncated_frac": ("rl", "fraction of trajectories cut by their token budget"),
+    "rollout/turns": ("rl", "engine calls per episode (tool workflow)"),
+    "rollout/tool_calls": ("rl", "tool calls per episode"),
+    "rollout/tool_calls/<tool>": ("rl", "calls of one tool per episode"),
+    "rollout/tool_errors": ("rl", "tool calls that failed (error observation) per episode"),
+    "rollout/valid_actions": ("rl", "well-formed turns (a call or the answer) per episode"),
+    "rollout/invalid_actions": ("rl", "malformed turns per episode"),
+    "rollout/obs_tokens": ("rl", "inserted observation tokens per episode"),
+    "rollout/truncated_obs": ("rl", "observations cut to rollout.max_obs_tokens per episode"),
+    "rollout/unmasked_inserted_tokens": ("rl", "inserted tokens trained on (rollout.mask_observations=false) per episode"),
+    "rollout/sampled_tokens": ("rl", "tokens the policy sampled per episode"),
+    "rollout/response_len": ("rl", "tokens after the prompt per episode (the workflow's count)"),
+    "rollout/truncated": ("rl", "single-turn: the completion hit max_new_tokens"),
+    "rollout/kept_frac": ("rl", "algo.filter_zero_std: fraction of trajectories in groups with reward spread"),
+    "rollout/staleness/mean": ("rl", "versions between the trained policy and the oldest sampled token, mean over trajectories"),
+    "rollout/staleness/max": ("rl", "the same, max (<= rollout.max_staleness by construction)"),
+    "rollout/interrupted": ("rl", "turns cut by a weight update and continued (async)"),
+    "rollout/queue": ("rl", "finished groups waiting for a later step (async)"),
+    "time/wait_s": ("rl", "seconds the trainer waited for the step's groups"),
+    "time/rollout_s": ("rl", "seconds from asking for the batch to having it"),
+    "time/step_s": ("rl, sft", "seconds of the whole step"),
+    "tokens/sampled": ("rl", "tokens sampled by the policy in the step"),
+    "epoch": ("rl, sft", "passes over the training tasks so far"),
+    # the update (train/policy.py)
+    "loss/policy": ("rl", "policy loss of the step (minibatch-weighted)"),
+    "loss/kl": ("rl", "KL loss term (algo.kl_in=loss, algo.kl_coef > 0)"),
+    "loss/value": ("rl", "PPO critic's clipped value loss"),
+    "actor/clip_frac": ("rl", "fraction of trained tokens whose ratio was clipped"),
+    "actor/clip_frac_low": ("rl", "clipped below 1 - clip_low"),
+    "actor/clip_frac_high": ("rl", "clipped above 1 + clip_high"),
+    "actor/dual_clip_frac": ("rl", "tokens under the dual clip (algo.dual_clip)"),
+    "actor/approx_kl": ("rl", "mean 0.5 (log ratio)^2 of the trained tokens"),
+    "actor/ratio_mean": ("rl", "mean importance ratio"),
+    "actor/ratio_max": ("rl", "largest importance ratio"),
+    "actor/behav_imp_weight/mean": ("rl", "decoupled PPO: mean proximal / behaviour weight (1 on-policy)"),
+    "actor/behav_cap_frac": ("rl", "decoupled PPO: tokens dropped by algo.behav_imp_cap"),
+    "critic/vf_clip_frac": ("rl", "PPO: values clipped by algo.value_clip"),
+    "critic/value_mean": ("rl", "PPO: mean value"),
+    "critic/returns_mean": ("rl", "PPO: mean return"),
+    "critic/explained_var": ("rl", "PPO: explained variance of the returns"),
+    "grad_norm/policy": ("rl", "policy gradient norm before clipping"),
+    "grad_norm/critic": ("rl", "critic gradient norm before clipping"),
+    "skipped_minibatches": ("rl", "minibatches with no trained token"),
+    "entropy": ("rl", "mean entropy of the policy at the trained tokens"),
+    "kl": ("rl", "mean KL(old || reference) per sampled token (approx_kl without a reference)"),
+    "kl_coef": ("rl", "the KL coefficient this step (algo.kl_target moves it)"),
+    "lr": ("rl, sft", "learning rate this step"),
+    "train/nonfinite_skipped": ("rl, sft", "1 when an update of the step was skipped for a nan/inf loss or gradient norm"),
+    "train/nonfinite_skipped_total": ("rl, sft", "such steps over the run"),
+    # remote engines (engines/remote.py)
+    "engine/server_failures": ("rl", "servers marked dead (refused, timed out, 5xx)"),
+    "engine/servers_alive": ("rl", "servers still in use"),
+    "engine/weight_syncs": ("rl", "weight updates sent to the servers"),
+    "engine/weight_sync_s": ("rl", "seconds spent in weight syncs, total"),
+    "engine/requests": ("rl", "generate calls sent"),
+    "engine/http_requests": ("rl", "HTTP requests (batched generate calls count once)"),
+    "engine/retries": ("rl", "calls re-sent to another server"),
+    # SFT (train/sft.py)
+    "loss": ("sft", "cross-entropy per trained (assistant) token"),
+    "grad_norm": ("sft", "gradient norm before clipping"),
+    "tokens/assistant": ("sft", "trained tokens in the step"),
+    "tokens/s": ("sft", "tokens (trained or not) per second"),
+    "eval/loss": ("sft", "cross-entropy per trained token on data.eval"),
+    # evaluation (evaluate.py), also every eval.every steps of RL
+    "eval/count": ("rl, eval", "tasks evaluated"),
+    "eval/reward": ("rl, eval", "mean reward"),
+    "eval/accuracy": ("rl, eval", "fraction correct (math: math_verify; QA: primary reward >= 0.5)"),
+    "eval/em": ("rl, eval", "QA exact match of the final answer"),
+    "eval/f1": ("rl, eval", "QA token F1 of the final answer"),
+    "eval/pass@<k>": ("rl, eval", "unbiased pass@k over eval.n samples"),
+    "eval/tool_calls": ("rl, eval", "tool calls per episode"),
+    "eval/invalid_actions": ("rl, eval", "malformed turns per episode"),
+    "eval/answer_rate": ("rl, eval", "episodes that ended with an answer"),
+    "eval/well_formed": ("rl, eval", "episodes that ended with an answer after well-formed tool calls only"),
+    "eval/response_len": ("rl, eval", "tokens after the prompt per episode"),
+    "eval/<part>": ("rl, eval", "mean of one reward part"),
+    "eval/<scope>/<metric>": ("rl, eval", "any of the above per data source (when several) and per task kind"),
+}
+
+
+def _pattern(name: str) -> re.Pattern:
+    parts = {"part": r"[\w.:-]+(?:/[\w.:-]+)?", "source": r"[\w.:-]+", "kind": r"[\w.:-]+", "scope": r"[\w.:-]+",
+             "tool": r"[\w.:-]+", "k": r"\d+", "metric": r"[\w.:@-]+(?:/[\w.:-]+)?"}
+    out = re.sub(r"<(\w+)>", lambda m: f"(?:{parts[m.group(1)]})", re.escape(name).replace(r"\<", "<").replace(r"\>", ">"))
+    return re.compile(f"^{out}$")
+
+
+_PATTERNS = [_pattern(n) for n in METRICS]
+
+
+def documented(key: str) -> bool:
+    """Whether `key` is a metric of `METRICS` (placeholders filled in)."""
+    return key in METRICS or any(p.match(key) for p in _PATTERNS)
+
+
+def undocumented(keys) -> list[str]:
+    """The keys of a metrics.jsonl row (or rows) that `METRICS` does not describe."""
+    if isinstance(keys, dict):
+        keys = keys.keys()
+    return sorted({k for k in keys if not documented(k)})

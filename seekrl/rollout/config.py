@@ -1,0 +1,79 @@
+"""The `rollout:` config section: how episodes are sampled (per turn and per episode), how many per
+step, and whether the rollout runs in step with the trainer or alongside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from seekrl.errors import ConfigError
+from seekrl.schema import Range
+from seekrl.types import MIN_TEMPERATURE, SamplingParams
+
+__all__ = ["RolloutConfig", "sampling_params"]
+
+
+@dataclass
+class RolloutConfig:
+    group_size: Annotated[int, Range(ge=1)] = 8
+    """G: samples per task; the group is the baseline for GRPO/RLOO."""
+    batch_size: Annotated[int, Range(ge=1)] = 64
+    """Trajectories per RL step (tasks per step = batch_size / group_size)."""
+    max_new_tokens: Annotated[int, Range(ge=1)] = 256
+    """Tokens the policy may sample per completion."""
+    max_prompt_tokens: Annotated[int, Range(ge=1)] = 512
+    """Longest prompt in tokens; longer tasks are skipped at load time and counted."""
+    temperature: Annotated[float, Range(ge=0, hint="0: greedy")] = 1.0
+    """Sampling temperature (the trainer recomputes log-probs at the same temperature)."""
+    top_p: Annotated[float, Range(gt=0, le=1)] = 1.0
+    """Nucleus sampling threshold."""
+    top_k: int = 0
+    """Top-k sampling; 0 disables."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings (kept in the output)."""
+    engine_batch_size: Annotated[int, Range(ge=1)] = 64
+    """Most sequences the local engine samples in one batch."""
+    compile: Literal["auto", "true", "false"] = "auto"
+    """Local engine decode: false (growing KV cache, eager) | true (static KV cache, torch.compile per shape bucket; falls back to eager with a warning) | auto (static KV cache; on CUDA a shape is compiled once it served 256 steps; on CPU never compiled, where a 20-50 s compile per shape repays only after ~20k+ tokens)."""
+    max_turns: int = 4
+    """Tool turns per episode (with tools.format); then one last turn without tools."""
+    max_obs_tokens: int = 512
+    """Longest inserted tool output in tokens; longer ones keep their head and a truncation marker."""
+    max_total_tokens: int = 1024
+    """Tokens after the prompt per episode, sampled and inserted together (with tools.format)."""
+    mask_observations: bool = True
+    """Mask inserted tool output out of the loss; false is Search-R1's ablation (old log-probs are then recomputed)."""
+    mode: Literal["sync", "async"] = "sync"
+    """sync (roll out a batch, then train on it) | async (episodes keep running on the engine while the trainer steps; AReaL)."""
+    max_staleness: Annotated[int, Range(ge=0, text=">= 0 (0 trains only on tokens of the current policy)")] = 2
+    """Async: a batch is trained on only if every sampled token in it came from a policy at most this many versions older (AReaL's max_head_offpolicyness); 0 gives the sync results."""
+    max_concurrent: int | None = None
+    """Async: episodes in flight at once (a multiple of group_size is best); none = batch_size."""
+
+    @property
+    def tasks_per_step(self) -> int:
+        return self.batch_size // self.group_size
+
+    def check(self) -> None:
+        if self.batch_size % self.group_size:
+            raise ConfigError(
+                f"rollout.batch_size ({self.batch_size}) must be a multiple of rollout.group_size ({self.group_size}); "
+                f"try rollout.batch_size={max(1, self.batch_size // self.group_size) * self.group_size}"
+            )
+        if 0 < self.temperature < MIN_TEMPERATURE:  # float32 cannot sample there: NaN log-probs
+            raise ConfigError(f"rollout.temperature: {self.temperature} is too small to sample with; use 0 (greedy) or at least {MIN_TEMPERATURE}")
+        if self.max_concurrent is not None and self.max_concurrent < self.group_size:
+            raise ConfigError(f"rollout.max_concurrent ({self.max_concurrent}) must be at least rollout.group_size ({self.group_size}): "
+                              "a task's G episodes start together; raise it or leave it unset (= rollout.batch_size)")
+
+
+def sampling_params(r: RolloutConfig, temperature: float | None = None, seed: int | None = None) -> SamplingParams:
+    """One turn's sampling parameters from `rollout.*` (`temperature`: another one, e.g. eval's)."""
+    return SamplingParams(
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature if temperature is None else temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        stop=tuple(r.stop),
+        seed=seed,
+    )

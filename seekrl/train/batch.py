@@ -1,0 +1,120 @@
+"""One update's per-token data, built once from its trajectories: the `TokenBatch`.
+
+Every per-token tensor is in *completion layout* `(B, C)`: row b holds trajectory b's completion
+tokens (sampled and inserted) at columns `0 .. len(completion)-1`, zero past its end; C is the
+longest completion of the batch. Built once per RL step (`from_trajectories`), or from token
+sequences for SFT (`from_sequences`: the first token is the prompt, the rest the completion);
+the RL step then fills in what it computes, in order:
+
+    old_logp_BC     the ratio's denominator (train/offpolicy.py): behaviour, recomputed or proximal
+    prox_alpha_BC   decoupled PPO with prox_logp=loglinear: the interpolation weight per token
+    ref_logp_BC     the reference policy's log-probs (algo.kl_coef > 0)
+    values_BC       the critic's values (PPO)
+    adv_BC          advantages (train/estimate.py)
+    returns_BC      the critic's targets (PPO)
+    kl_coef         the KL coefficient in the loss this step (algo.kl_in=loss)
+
+Micro-batches take rows of these tensors (`rows`), never lists: the batch goes to tensors once.
+Values computed on the batch are zero past each row's end, as the rows they came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from seekrl.types import Trajectory
+
+__all__ = ["TokenBatch", "pad_completion"]
+
+
+def pad_completion(rows: list[list], width: int, dtype=torch.float32) -> torch.Tensor:
+    """Per-row lists (each as long as its completion) -> a `(B, width)` tensor, zero past each row's end."""
+    out = torch.zeros(len(rows), width, dtype=dtype)
+    for b, row in enumerate(rows):
+        if row:
+            out[b, : len(row)] = torch.as_tensor(row, dtype=dtype)
+    return out
+
+
+@dataclass
+class TokenBatch:
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    loss_mask_BC: torch.Tensor  # float32: 1 where the token was sampled by the policy (trained)
+    token_mask_BC: torch.Tensor  # bool: a completion token exists there (sampled or inserted)
+    behav_logp_BC: torch.Tensor  # float32: the engine's log-probs; 0 where inserted
+    versions_BC: torch.Tensor  # long: policy version that sampled each token; -1 where inserted
+    rewards_B: torch.Tensor  # float32
+    group_ids_B: torch.Tensor  # long: which task's group each row belongs to
+    truncated_B: torch.Tensor  # bool: the completion was cut by its token budget
+    old_logp_BC: torch.Tensor | None = None
+    prox_alpha_BC: torch.Tensor | None = None
+    ref_logp_BC: torch.Tensor | None = None
+    values_BC: torch.Tensor | None = None
+    adv_BC: torch.Tensor | None = None
+    returns_BC: torch.Tensor | None = None
+    kl_coef: float = 0.0
+
+    @classmethod
+    def from_trajectories(cls, trajs: list[Trajectory], group_ids: list[int] | None = None) -> TokenBatch:
+        C = max(1, max((len(t.completion_ids) for t in trajs), default=0))
+        lengths = torch.tensor([len(t.completion_ids) for t in trajs])
+        return cls(
+            prompt_ids=[list(t.prompt_ids) for t in trajs],
+            completion_ids=[list(t.completion_ids) for t in trajs],
+            loss_mask_BC=pad_completion([t.loss_mask for t in trajs], C),
+            token_mask_BC=torch.arange(C)[None, :] < lengths[:, None],
+            behav_logp_BC=pad_completion([t.logprobs for t in trajs], C),
+            versions_BC=pad_completion([t.versions for t in trajs], C, torch.long) - (torch.arange(C)[None, :] >= lengths[:, None]).long(),
+            rewards_B=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+            group_ids_B=torch.tensor(group_ids if group_ids is not None else list(range(len(trajs))), dtype=torch.long),
+            truncated_B=torch.tensor([t.finish_reason == "length" for t in trajs], dtype=torch.bool),
+        )
+
+    @classmethod
+    def from_sequences(cls, examples: list[tuple[list[int], list[int]]]) -> TokenBatch:
+        """SFT examples `(ids, labels_mask)`: token 0 is the prompt, tokens 1.. the completion,
+        trained where the mask is 1 (a label at position 0 has nothing to be predicted from)."""
+        C = max(1, max(len(ids) - 1 for ids, _ in examples))
+        comps = [list(ids[1:]) for ids, _ in examples]
+        lengths = torch.tensor([len(c) for c in comps])
+        zeros = torch.zeros(len(examples), C)
+        return cls(
+            prompt_ids=[list(ids[:1]) for ids, _ in examples],
+            completion_ids=comps,
+            loss_mask_BC=pad_completion([list(mask[1:]) for _, mask in examples], C),
+            token_mask_BC=torch.arange(C)[None, :] < lengths[:, None],
+            behav_logp_BC=zeros,
+            versions_BC=torch.full((len(examples), C), -1, dtype=torch.long),
+            rewards_B=torch.zeros(len(examples)),
+            group_ids_B=torch.arange(len(examples)),
+            truncated_B=torch.zeros(len(examples), dtype=torch.bool),
+        )
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    @property
+    def width(self) -> int:
+        """C: the longest completion (at least 1)."""
+        return self.loss_mask_BC.shape[1]
+
+    def seq_len(self, i: int) -> int:
+        return len(self.prompt_ids[i]) + len(self.completion_ids[i])
+
+    def train_mask_BC(self, mask_truncated: bool = False) -> torch.Tensor:
+        """The loss mask the update trains on: with `mask_truncated`, zero on completions cut by
+        their budget (DAPO's overlong filtering)."""
+        if not mask_truncated:
+            return self.loss_mask_BC
+        return self.loss_mask_BC * (~self.truncated_B)[:, None].float()
+
+    def trim(self, x_BC: torch.Tensor) -> torch.Tensor:
+        """`x_BC` with zeros past each row's end (float32, on the CPU)."""
+        return torch.where(self.token_mask_BC, x_BC.detach().float().cpu(), 0.0)
+
+    def rows(self, x_BC: torch.Tensor, rows: list[int], width: int, device) -> torch.Tensor:
+        """The rows `rows` of a batch tensor, cut to `width` columns, on `device`."""
+        return x_BC[rows, :width].to(device)

@@ -1,0 +1,64 @@
+"""The `train:` config section: optimisation, checkpoints, resume, and the trainer ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from seekrl.schema import Range
+
+__all__ = ["TrainConfig"]
+
+_LR = "a finite number >= 0 (e.g. 1e-6 for a real model, 1e-3 for the tiny one; 0 freezes it)"
+
+
+@dataclass
+class TrainConfig:
+    steps: Annotated[int, Range(ge=0)] = 100
+    """RL steps."""
+    lr: Annotated[float, Range(ge=0, text=_LR)] = 1e-6
+    """Policy learning rate (AdamW)."""
+    critic_lr: Annotated[float, Range(ge=0, text=_LR)] = 1e-5
+    """Critic learning rate (PPO)."""
+    weight_decay: Annotated[float, Range(ge=0, hint="e.g. 0.0 or 0.01")] = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear warmup steps."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """constant | cosine (after warmup)."""
+    min_lr_ratio: Annotated[float, Range(ge=0, le=1, hint="the cosine floor as a fraction of train.lr")] = 0.0
+    """Cosine floor as a fraction of lr."""
+    max_grad_norm: Annotated[float, Range(gt=0, hint="e.g. 1.0; 1e6 clips nothing")] = 1.0
+    """Gradient clipping norm."""
+    ppo_epochs: Annotated[int, Range(ge=1)] = 1
+    """Passes over each batch."""
+    minibatches: Annotated[int, Range(ge=1)] = 1
+    """Optimizer steps per epoch (the batch is split into this many minibatches)."""
+    micro_batch_tokens: Annotated[int, Range(ge=1)] = 8192
+    """Token budget of one forward/backward micro-batch (padded tokens)."""
+    share_prefix: bool = True
+    """Run each distinct prompt once per micro-batch and its G completions on its KV cache (exact; off under gradient checkpointing)."""
+    packing: bool = True
+    """Pack a micro-batch's sequences end to end into rows (varlen, attention kept within each sequence by a 4-D mask) instead of padding them, when that saves >= 10% of the rows; exact; SDPA or eager attention (others pad)."""
+    recompute_logprobs: Literal["auto", "always", "never"] = "auto"
+    """Old log-probs: auto (reuse the engine's when exact: local fp32 engine sharing weights) | always | never."""
+    seed: Annotated[int, Range(ge=0, le=2**32 - 1, text=f"in 0..{2**32 - 1} (what numpy and torch both accept)")] = 0
+    """Seed for data order, sampling and init."""
+    save_every: Annotated[int, Range(ge=0, text=">= 0 (0: a checkpoint only at the end)")] = 0
+    """Checkpoint every N steps (0: only at the end)."""
+    keep_last: Annotated[int, Range(ge=1)] = 2
+    """Checkpoints to keep."""
+    resume: str = "auto"
+    """auto (continue from the run folder's last checkpoint) | never | a checkpoint path."""
+    max_steps_this_run: int = 0
+    """Stop after this many steps in this process (0: no limit); for preemption tests and time slicing."""
+    max_nonfinite: Annotated[int, Range(ge=0, text=">= 0 (0: never stop on nan/inf updates)")] = 3
+    """An update whose loss or gradient norm is nan/inf is skipped (weights untouched, counted in train/nonfinite_skipped); after this many such steps in a row the run stops with exit 2, its checkpoints holding the last finite weights (0: never stop)."""
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend under torchrun / seekrl launch: auto (nccl on CUDA, gloo on CPU) | gloo | nccl."""
+    fsdp: Literal["full", "hybrid", "none"] = "full"
+    """With several trainer ranks: full (FSDP2 fully_shard: parameters, gradients and optimizer state sharded over all ranks) | hybrid (sharded within a node, replicated across nodes) | none (every rank holds the whole model; gradients all-reduced). One process: ignored."""
+    dist_timeout_s: Annotated[float, Range(gt=0, text="> 0 seconds")] = 1800.0
+    """Longest wait of a rank for the others (a collective, the controller's rollout): a rank that died or hangs ends the job after this, naming the rank."""
+    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """FSDP compute dtype: auto (bf16 compute with fp32 master weights and reductions on CUDA; fp32 on CPU) | bf16 | fp32."""
