@@ -21,6 +21,8 @@ import torch
 from rich.console import Console
 
 from seekrl.algo.advantages import AdaptiveKLController, FixedKLController
+from seekrl.algo.config import AlgoConfig
+from seekrl.algo.mismatch import Correction
 from seekrl.config import Config
 from seekrl.data.sets import TaskSets, load_split, load_task_sets, tiny_texts_of
 from seekrl.engines.base import InferenceEngine, text_decoder
@@ -40,6 +42,7 @@ from seekrl.rollout import stable_seed
 from seekrl.rollout.base import Workflow
 from seekrl.rollout.config import sampling_params
 from seekrl.rollout.executor import make_rollout
+from seekrl.train.agreement import AgreementCheck
 from seekrl.train.batching import FORWARD_METHODS
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
 from seekrl.train.rl import RLRun
@@ -150,18 +153,18 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
         ref_model = _shard(copy.deepcopy(model).eval().requires_grad_(False), cfg, ranks)
     value_model = make_value_model(model) if a.name == "ppo" else None
     model = _shard(model, cfg, ranks)  # FSDP2 over the ranks; one process: as it is
-    trainer = policy_trainer(cfg, model, tokenizer.pad_token_id, ref_model=ref_model, ranks=ranks)
+    exact = ranks.broadcast_json(  # the engine's log-probs equal the trainer's on the same weights (rank 0 knows its engine)
+        next(model.parameters()).dtype == torch.float32 and (engine is None or engine.exact_logprobs)
+        and not (is_sharded(model) and model.device.type == "cuda")  # bf16 compute under FSDP mixed precision
+    )
+    trainer = policy_trainer(cfg, model, tokenizer.pad_token_id, ref_model=ref_model, ranks=ranks,
+                             correction=mismatch_correction(a, exact))
     critic = critic_trainer(cfg, _shard(value_model, cfg, ranks), tokenizer.pad_token_id, ranks=ranks) if value_model else None
     kl_ctl = AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target is not None else FixedKLController(a.kl_coef)
     # Engine log-probs are exact old log-probs on shared fp32 weights; inserted tokens trained on
     # (mask_observations=false) have none, so that ablation recomputes them.
     unmasked = cfg.tools.format is not None and not r.mask_observations
-    reuse = t.recompute_logprobs == "never" or (
-        t.recompute_logprobs == "auto" and next(model.parameters()).dtype == torch.float32 and not unmasked
-        and (engine is None or engine.exact_logprobs)  # remote: only seekrl's fp32 servers on the same weights
-        and not (is_sharded(model) and model.device.type == "cuda")  # bf16 compute under FSDP mixed precision
-    )
-    reuse = ranks.broadcast_json(reuse)  # rank 0 knows its engine
+    reuse = t.recompute_logprobs == "never" or (t.recompute_logprobs == "auto" and exact and not unmasked)
     if ranks.is_main:
         rollout = make_rollout(r, workflow, engine, tasks.iterator, sampling_params(r), seed=t.seed, decode=text_decoder(tokenizer))
         rollout = LeaderRollout(rollout, ranks, full_model) if ranks.distributed else rollout
@@ -171,17 +174,32 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
         train=t, algo=a, eval=cfg.eval, log=cfg.log, config=cfg.to_dict(), run_dir=run_dir, tasks=tasks, model=model,
         full_model=full_model, tokenizer=tokenizer, engine=engine, workflow=workflow, eval_params=_eval_params(cfg),
         primary_reward=rubric.names[0], rollout=rollout, trainer=trainer, critic=critic, kl_ctl=kl_ctl,
-        reuse_engine_logprobs=reuse, ranks=ranks,
+        reuse_engine_logprobs=reuse, ranks=ranks, agreement=AgreementCheck(t.agreement_rows, t.agreement_max_kl),
+        sync_versions=r.mode == "sync",
     )
 
 
+def mismatch_correction(a: AlgoConfig, exact: bool) -> Correction | None:
+    """The importance weight on engine log-probs (algo/mismatch.py): `algo.mismatch`, where auto is
+    tis when the engine's log-probs are not `exact` for the trainer's weights and off when they are.
+    Decoupled PPO always weighs by proximal / behaviour: None there means the plain weight (or
+    `algo.behav_imp_cap`'s mask)."""
+    mode = a.mismatch if a.mismatch != "auto" else ("none" if exact else "tis")
+    if a.behav_imp_cap is not None and mode == "none":
+        return Correction("mis", "token", a.behav_imp_cap)
+    if mode == "none":
+        return None
+    return Correction(mode, a.mismatch_level, a.mismatch_cap, a.mismatch_cap_low)
+
+
 def policy_trainer(cfg: Config, model, pad_id: int, *, total_steps: int | None = None, ref_model=None,
-                   ranks: Ranks | None = None) -> PolicyTrainer:
+                   ranks: Ranks | None = None, correction: Correction | None = None) -> PolicyTrainer:
     """The policy update of `train.*` / `algo.*`, scoring at rollout.temperature (the lr schedule
     counts `total_steps`, default train.steps)."""
     r = cfg.rollout
     return PolicyTrainer(model, cfg.train, cfg.algo, pad_id=pad_id, temperature=r.temperature, norm_tokens=r.max_new_tokens,
-                         total_steps=cfg.train.steps if total_steps is None else total_steps, ref_model=ref_model, ranks=ranks)
+                         total_steps=cfg.train.steps if total_steps is None else total_steps, ref_model=ref_model, ranks=ranks,
+                         correction=correction)
 
 
 def critic_trainer(cfg: Config, value_model, pad_id: int, *, total_steps: int | None = None,

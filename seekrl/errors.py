@@ -17,7 +17,7 @@ may raise these.
 from __future__ import annotations
 
 __all__ = ["SeekrlError", "ConfigError", "DataError", "CheckpointError", "NonFiniteError", "EngineUnavailable",
-           "EngineRequestError", "LaunchError"]
+           "EngineRequestError", "LaunchError", "ServiceUnavailable"]
 
 
 class SeekrlError(Exception):
@@ -62,6 +62,12 @@ class EngineUnavailable(SeekrlError, RuntimeError):
 
 class EngineRequestError(SeekrlError, RuntimeError):
     """A server refused a request (4xx) or answered something seekrl cannot read."""
+
+
+class ServiceUnavailable(SeekrlError, RuntimeError):
+    """A service an episode depends on (a tool's server, a retriever) could not be reached or
+    failed (5xx): an infrastructure failure, not the model's. The tool executor reports it as
+    `ToolResult.error="unavailable"`, and the episode's trajectory is excluded from the update."""
 
 
 class LaunchError(SeekrlError, RuntimeError):

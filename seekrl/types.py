@@ -76,6 +76,7 @@ class Trajectory:
     finish_reason: str = "answered"  # answered | max_turns | length | error
     metrics: dict[str, float] = field(default_factory=dict)
     text: str = ""  # decoded completion (derived from completion_ids, for rewards and logs)
+    status: str = "ok"  # ok | engine_error | tool_unavailable | version_mismatch: an infrastructure failure is excluded from the update, not learned from
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

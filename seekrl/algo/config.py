@@ -66,6 +66,20 @@ class AlgoConfig:
     behav_imp_cap: Annotated[float | None, Range(gt=0, text="> 0 (e.g. 5.0)")] = None
     """Decoupled PPO: tokens whose behaviour importance weight (proximal / behaviour) exceeds this are dropped from the loss; none = no cap."""
 
+    mismatch: Literal["auto", "tis", "mis", "none"] = "auto"
+    """Correction for engine log-probs that differ from the trainer's (algo/mismatch.py): tis (truncated importance weight) | mis (masked: weight 0 outside [mismatch_cap_low, mismatch_cap]) | none; auto = tis when the engine's log-probs are not exact for the trainer's weights (vLLM, SGLang, bf16, engine.urls), none when they are."""
+    mismatch_level: Literal["token", "sequence", "geometric"] = "token"
+    """The ratio the correction acts on: token (per token) | sequence (product over the completion's sampled tokens) | geometric (their geometric mean)."""
+    mismatch_cap: Annotated[float | None, Range(gt=0, text="> 0 (2.0 is usual for tis) or null for no bound")] = 2.0
+    """Upper bound of the importance weight: tis truncates to it, mis drops tokens (or completions) above it."""
+    mismatch_cap_low: Annotated[float, Range(ge=0, text=">= 0 (e.g. 0.5; 0 = no lower bound)")] = 0.0
+    """mis: tokens (or completions) whose ratio is below this are dropped too."""
+
     def check(self) -> None:
+        if self.mismatch_cap is not None and self.mismatch_cap_low >= self.mismatch_cap:
+            raise ConfigError(f"algo.mismatch_cap_low={self.mismatch_cap_low} must be below algo.mismatch_cap={self.mismatch_cap}; lower it")
+        if self.behav_imp_cap is not None and self.mismatch not in ("auto", "none"):
+            raise ConfigError("algo.behav_imp_cap and algo.mismatch both weigh decoupled PPO's behaviour ratio; "
+                              "keep one (algo.behav_imp_cap=X is algo.mismatch=mis algo.mismatch_cap=X)")
         if self.behav_imp_cap is not None and not self.decoupled:  # (decoupled is resolved before the checks)
             raise ConfigError("algo.behav_imp_cap caps decoupled PPO's behaviour weight; set algo.decoupled=true or drop the cap")

@@ -35,6 +35,7 @@ import torch
 
 from seekrl.algo.advantages import kl_estimate
 from seekrl.algo.config import AGG_MODES
+from seekrl.algo.mismatch import Correction, correction_weights
 
 __all__ = [
     "AGG_MODES",
@@ -116,6 +117,7 @@ def policy_loss(
     behav_logp_BT: torch.Tensor | None = None,
     behav_imp_cap: float | None = None,
     norm_const: float | None = None,
+    is_weight_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate loss (to minimize) and stats.
 
@@ -126,6 +128,7 @@ def policy_loss(
         l = max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))
         if dual_clip and A < 0: l = min(l, -A * dual_clip)
         if behav_logp_BT: l = l * w, w = exp(old_logp - behav_logp) (0 where w > behav_imp_cap)
+        if is_weight_BT: l = l * is_weight_BT (a detached importance weight, algo/mismatch.py)
     then `aggregate(l, mask_BT, agg, norm_const)`.
     stats (python floats): clip_frac (= clip_frac_low + clip_frac_high: valid tokens where the
     clipped branch is active, hence zero gradient), clip_frac_low (A < 0, r < 1 - clip_low),
@@ -172,15 +175,14 @@ def policy_loss(
     stats: dict[str, float] = {}
     if behav_logp_BT is not None:
         _check_same_shape("behav_logp_BT", behav_logp_BT, "mask_BT", mask_BT)
-        w_BT = torch.exp((old_logp_BT - behav_logp_BT.detach()).clamp(-20.0, 20.0)).to(loss_BT.dtype)
-        stats["behav_imp_weight_mean"] = float(masked_mean(w_BT, m_BT).item())
-        if behav_imp_cap is not None:
-            over_BT = w_BT > behav_imp_cap
-            stats["behav_cap_frac"] = _frac(over_BT, m_BT)
-            w_BT = torch.where(over_BT, torch.zeros_like(w_BT), w_BT)
-        else:
-            stats["behav_cap_frac"] = 0.0
+        c = Correction("mis" if behav_imp_cap is not None else "none", "token", behav_imp_cap)
+        w_BT, wstats = correction_weights(old_logp_BT, behav_logp_BT, mask_BT, c, dtype=loss_BT.dtype)
+        stats["behav_imp_weight_mean"] = wstats["weight_mean"]
+        stats["behav_cap_frac"] = wstats["masked_frac"]
         loss_BT = loss_BT * w_BT
+    if is_weight_BT is not None:
+        _check_same_shape("is_weight_BT", is_weight_BT, "mask_BT", mask_BT)
+        loss_BT = loss_BT * is_weight_BT.detach().to(loss_BT.dtype)
 
     loss = aggregate(loss_BT, m_BT, agg, norm_const)
 

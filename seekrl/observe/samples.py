@@ -3,7 +3,7 @@
 One JSON object per trajectory, decoded from token ids (never the reverse):
 
     {"task_id", "source", "step", "group", "sample", "reward", "reward_parts",
-     "finish_reason", "metrics", "answer", "prompt", "completion",
+     "finish_reason", "status", "metrics", "answer", "prompt", "completion",
      "segments": [{"text": ..., "masked": false}, {"text": <tool output>, "masked": true}, ...],
      "num_prompt_tokens", "num_completion_tokens", "num_sampled_tokens",
      "policy_versions": [the versions that sampled its tokens; several in async runs]}
@@ -55,6 +55,7 @@ def trajectory_record(traj: Trajectory, tokenizer: Decoder, **extra: Any) -> dic
         "reward": float(traj.reward),
         "reward_parts": {k: float(v) for k, v in traj.reward_parts.items()},
         "finish_reason": traj.finish_reason,
+        "status": traj.status,
         "metrics": dict(traj.metrics),
         "answer": str(traj.task.answer),
         "prompt": tokenizer.decode(list(traj.prompt_ids), skip_special_tokens=False),

@@ -23,14 +23,19 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from seekrl.data.corpus import Document, read_index_meta
+from seekrl.errors import ServiceUnavailable
 
-__all__ = ["Retriever", "SearchIndex", "LocalRetriever", "HTTPRetriever", "RetrieverError", "load_index"]
+__all__ = ["Retriever", "SearchIndex", "LocalRetriever", "HTTPRetriever", "RetrieverError", "RetrieverUnavailable", "load_index"]
 
 Results = list[list[tuple[Document, float]]]
 
 
 class RetrieverError(RuntimeError):
     """A retrieval server answered with an error or an unreadable response."""
+
+
+class RetrieverUnavailable(RetrieverError, ServiceUnavailable):
+    """The retrieval server could not be reached, or answered 5xx."""
 
 
 @runtime_checkable
@@ -126,7 +131,9 @@ class HTTPRetriever:
         try:
             resp = await self._get_client().post(self.url, json=payload)
         except httpx.HTTPError as e:
-            raise RetrieverError(f"retrieval request to {self.url} failed: {type(e).__name__}: {e}") from e
+            raise RetrieverUnavailable(f"retrieval request to {self.url} failed: {type(e).__name__}: {e}") from e
+        if resp.status_code >= 500:
+            raise RetrieverUnavailable(f"retrieval server {self.url} answered {resp.status_code}: {resp.text[:300]}")
         if resp.status_code != 200:
             raise RetrieverError(f"retrieval server {self.url} answered {resp.status_code}: {resp.text[:300]}")
         try:

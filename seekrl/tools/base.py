@@ -77,7 +77,7 @@ class ToolResult:
     name: str
     text: str
     ok: bool
-    error: str | None = None  # kind of failure: unknown_tool | bad_args | timeout | exception | max_calls
+    error: str | None = None  # kind of failure: unknown_tool | bad_args | timeout | exception | unavailable (its server: not the model's fault) | max_calls
     cached: bool = False
     seconds: float = 0.0
     attempts: int = 0

@@ -2,7 +2,10 @@
 
 A failing tool is part of the environment, not a bug in the run (DESIGN.md, Habit 9): an unknown
 tool, bad arguments, an exception, a timeout or a spent call budget all become a `ToolResult`
-with `ok=False` and text for the model ("Error: ..."), and the workflow counts them.
+with `ok=False` and text for the model ("Error: ..."), and the workflow counts them. A server that
+cannot be reached (`seekrl.errors.ServiceUnavailable`, `ConnectionError`) after the retries is
+`error="unavailable"`: an infrastructure failure, whose episode the workflow marks and the
+trainer leaves out (Trajectory.status).
 
 - arguments are checked against the tool's JSON schema (missing, unknown, wrong type). A string
   that parses exactly as the integer / number / boolean the schema asks for is converted (the
@@ -29,6 +32,7 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
+from seekrl.errors import ServiceUnavailable
 from seekrl.tools.base import ToolCall, ToolRegistry, ToolResult
 
 __all__ = ["ToolExecutor", "EpisodeToolState", "validate_args"]
@@ -189,8 +193,9 @@ class ToolExecutor:
                     continue
                 except asyncio.CancelledError:
                     raise
-                except Exception as e:
-                    error, kind = f"'{call.name}' failed: {type(e).__name__}: {e}", "exception"
+                except Exception as e:  # a server that cannot be reached is the infrastructure's failure, not the model's
+                    kind = "unavailable" if isinstance(e, (ServiceUnavailable, ConnectionError)) else "exception"
+                    error = f"'{call.name}' failed: {type(e).__name__}: {e}"
                     continue
                 finally:
                     self.in_flight[call.name] -= 1

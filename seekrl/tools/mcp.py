@@ -49,12 +49,13 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+from seekrl.errors import ServiceUnavailable
 from seekrl.tools.base import ToolPolicy
 
 __all__ = ["MCPConnection", "MCPConnectionError", "MCPTool", "MCPToolError", "load_mcp_tools", "result_text"]
 
 
-class MCPConnectionError(RuntimeError):
+class MCPConnectionError(ServiceUnavailable):
     """The MCP server could not be reached, refused the session, or failed to answer."""
 
 

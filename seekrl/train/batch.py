@@ -115,6 +115,16 @@ class TokenBatch:
         """`x_BC` with zeros past each row's end (float32, on the CPU)."""
         return torch.where(self.token_mask_BC, x_BC.detach().float().cpu(), 0.0)
 
+    def select(self, rows: list[int]) -> TokenBatch:
+        """A batch of the rows `rows` (the inputs only: nothing the step fills in), cut to their width."""
+        C = max(1, max((len(self.completion_ids[i]) for i in rows), default=0))
+        return TokenBatch(
+            prompt_ids=[self.prompt_ids[i] for i in rows], completion_ids=[self.completion_ids[i] for i in rows],
+            loss_mask_BC=self.loss_mask_BC[rows, :C], token_mask_BC=self.token_mask_BC[rows, :C],
+            behav_logp_BC=self.behav_logp_BC[rows, :C], versions_BC=self.versions_BC[rows, :C],
+            rewards_B=self.rewards_B[rows], group_ids_B=self.group_ids_B[rows], truncated_B=self.truncated_B[rows],
+        )
+
     def rows(self, x_BC: torch.Tensor, rows: list[int], width: int, device) -> torch.Tensor:
         """The rows `rows` of a batch tensor, cut to `width` columns, on `device`."""
         return x_BC[rows, :width].to(device)

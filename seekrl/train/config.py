@@ -42,6 +42,10 @@ class TrainConfig:
     """Pack a micro-batch's sequences end to end into rows (varlen, attention kept within each sequence by a 4-D mask) instead of padding them, when that saves >= 10% of the rows; exact; SDPA or eager attention (others pad)."""
     recompute_logprobs: Literal["auto", "always", "never"] = "auto"
     """Old log-probs: auto (reuse the engine's when exact: local fp32 engine sharing weights) | always | never."""
+    agreement_rows: Annotated[int, Range(ge=0, text=">= 0 (0: no check when the engine's log-probs are reused)")] = 1
+    """When the engine's log-probs are reused as old log-probs, the trainer recomputes this many completions per step and compares (mismatch/kl); when they are recomputed anyway, all are compared."""
+    agreement_max_kl: Annotated[float, Range(gt=0, text="a finite number > 0 (e.g. 0.02)")] = 0.02
+    """A step whose engine-vs-trainer KL on the sampled tokens (mismatch/kl) passes this counts in mismatch/disagree and warns once: a broken weight sync or a wrong engine cannot train silently."""
     seed: Annotated[int, Range(ge=0, le=2**32 - 1, text=f"in 0..{2**32 - 1} (what numpy and torch both accept)")] = 0
     """Seed for data order, sampling and init."""
     save_every: Annotated[int, Range(ge=0, text=">= 0 (0: a checkpoint only at the end)")] = 0

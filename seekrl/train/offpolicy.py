@@ -34,6 +34,7 @@ __all__ = ["OldLogprobs", "loglinear_alpha", "old_logprobs"]
 class OldLogprobs:
     old_BC: torch.Tensor  # the ratio's denominator: behaviour (plain), proximal (recompute), behaviour until the loss interpolates (loglinear)
     alpha_BC: torch.Tensor | None = None  # loglinear: the interpolation weight per token
+    recomputed: bool = False  # old_BC is the trainer's own forward pass at the trained version
 
 
 def loglinear_alpha(versions: list[int], trained_version: int) -> list[float]:
@@ -48,7 +49,7 @@ def old_logprobs(a: AlgoConfig, trainer, batch: TokenBatch, trained_version: int
     With decoupled PPO the update reads the behaviour log-probs from the batch too."""
     behav = batch.behav_logp_BC
     if not a.decoupled:
-        return OldLogprobs(behav if reuse else trainer.logprobs(batch))
+        return OldLogprobs(behav, recomputed=False) if reuse else OldLogprobs(trainer.logprobs(batch), recomputed=True)
     if a.prox_logp == "loglinear":
         alpha = [loglinear_alpha(batch.versions_BC[i, : len(c)].tolist(), trained_version) for i, c in enumerate(batch.completion_ids)]
         out = torch.zeros_like(behav)
@@ -58,5 +59,6 @@ def old_logprobs(a: AlgoConfig, trainer, batch: TokenBatch, trained_version: int
         return OldLogprobs(behav, out)
     sampled = batch.versions_BC[batch.loss_mask_BC > 0]
     fresh = bool((sampled == trained_version).all())
-    prox = behav if (reuse and fresh) else trainer.logprobs(batch)
-    return OldLogprobs(prox)
+    if reuse and fresh:
+        return OldLogprobs(behav)
+    return OldLogprobs(trainer.logprobs(batch), recomputed=True)

@@ -22,6 +22,7 @@ import torch
 
 from seekrl.algo.config import AlgoConfig
 from seekrl.algo.losses import aggregate, kl_loss, policy_loss, value_loss
+from seekrl.algo.mismatch import Correction, correction_weights
 from seekrl.models import unwrap_peft
 from seekrl.observe.stats import StatsTracker
 from seekrl.parallel.fsdp import grad_scale, sync_gradients
@@ -55,11 +56,12 @@ class PolicyTrainer:
     """The policy update; `logprobs` / `ref_logprobs` score a batch without gradient."""
 
     def __init__(self, model, train: TrainConfig, algo: AlgoConfig, *, pad_id: int, temperature: float, norm_tokens: int,
-                 total_steps: int, ref_model=None, ranks: Ranks | None = None):
+                 total_steps: int, ref_model=None, ranks: Ranks | None = None, correction: Correction | None = None):
         """`temperature`: the sampling temperature the log-probs are taken at; `norm_tokens`: the
         constant of algo.loss_agg=seq-mean-token-sum-norm (rollout.max_new_tokens). Several `ranks`:
         `model` (and `ref_model`) are sharded over them (parallel/fsdp.py)."""
         self.model, self.train, self.algo = model, train, algo
+        self.correction = correction  # engine/trainer mismatch weights (algo/mismatch.py); None: off
         self.temperature, self.norm_tokens = temperature, norm_tokens
         self.ranks = ranks or Ranks()
         self.ref_model = ref_model
@@ -146,25 +148,31 @@ class PolicyTrainer:
         logp_BC, ent_BC = completion_logprobs(self.model, mb, self.temperature, entropy=True, where_BC=mask_BC)
         old_BC = batch.rows(batch.old_logp_BC, rows, C, dev)
         adv_BC = batch.rows(batch.adv_BC, rows, C, dev)
-        behav_BC = None
-        if a.decoupled:  # decoupled PPO
+        weight_BC, wstats = None, {}
+        if a.decoupled or self.correction is not None:  # weigh each token by (proximal or old) / behaviour
             behav_BC = batch.rows(batch.behav_logp_BC, rows, C, dev)
-            if batch.prox_alpha_BC is not None:  # loglinear proximal log-probs
+            if a.decoupled and batch.prox_alpha_BC is not None:  # loglinear proximal log-probs
                 alpha_BC = batch.rows(batch.prox_alpha_BC, rows, C, dev)
                 old_BC = behav_BC + alpha_BC * (logp_BC.detach() - behav_BC)
+            has_BC = mask_BC.bool() & (batch.rows(batch.versions_BC, rows, C, dev) >= 0)  # sampled: has behaviour log-probs
+            c = self.correction or Correction("none", "token", None)  # decoupled PPO alone: the plain weight
+            weight_BC, wstats = correction_weights(old_BC, behav_BC, has_BC, c, dtype=logp_BC.dtype)
+            weight_BC = torch.where(has_BC, weight_BC, torch.ones_like(weight_BC))  # inserted tokens trained on: weight 1
         loss, pstats = policy_loss(
             logp_BC, old_BC, adv_BC, mask_BC,
             clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.loss_agg, **self._norm(),
-            behav_logp_BT=behav_BC, behav_imp_cap=a.behav_imp_cap if behav_BC is not None else None,
+            is_weight_BT=weight_BC,
         )
-        # on-policy (plain PPO): the behaviour weight is 1 and nothing is capped
-        pstats["behav_imp_weight/mean"] = pstats.pop("behav_imp_weight_mean", 1.0)
-        pstats.setdefault("behav_cap_frac", 0.0)
+        # decoupled PPO's behaviour weight (1 on-policy, where nothing is capped); the mismatch correction's effect
+        pstats["behav_imp_weight/mean"] = wstats.get("weight_mean", 1.0) if a.decoupled else 1.0
+        pstats["behav_cap_frac"] = wstats.get("masked_frac", 0.0) if a.decoupled else 0.0
         parts = {"loss/policy": loss.item()}
         stats.add_weighted(weight, **parts)  # exported: the minibatch's loss, however it was split
         stats.add_max(**{"actor/ratio_max": pstats.pop("ratio_max")})
         for k, v in pstats.items():  # token means within the micro-batch: weighted by its tokens
             stats.add_weighted(n_mb / mini.tokens, **{f"actor/{k}": v})
+        if self.correction is not None:  # mismatch/weight_mean, mismatch/masked_frac, mismatch/truncated_frac
+            stats.add_weighted(n_mb / mini.tokens, **{f"mismatch/{k}": v for k, v in wstats.items()})
         if batch.ref_logp_BC is not None and a.kl_in == "loss" and batch.kl_coef > 0:
             ref_BC = batch.rows(batch.ref_logp_BC, rows, C, dev)
             kl = kl_loss(logp_BC, ref_BC, mask_BC, kind=a.kl_estimator, agg=a.loss_agg, **self._norm())

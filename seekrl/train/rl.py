@@ -43,6 +43,7 @@ from seekrl.observe.samples import write_trajectories
 from seekrl.observe.stats import StatsTracker
 from seekrl.parallel.ranks import Ranks
 from seekrl.rollout.base import RolloutSource, Workflow
+from seekrl.train.agreement import AgreementCheck, reject_unexpected_versions
 from seekrl.train.batch import TokenBatch
 from seekrl.train.checkpoint import resume_checkpoint, save_ranks_checkpoint
 from seekrl.train.config import TrainConfig
@@ -77,6 +78,8 @@ class RLRun:
     critic: CriticTrainer | None  # PPO
     kl_ctl: FixedKLController | AdaptiveKLController
     reuse_engine_logprobs: bool  # the engine's log-probs are the old log-probs (exact on the trainer's weights)
+    agreement: AgreementCheck  # engine vs trainer log-probs, every step
+    sync_versions: bool  # sync rollout: every sampled token comes from the version published last
     ranks: Ranks  # one process: Ranks(); under torchrun this process's rank (parallel/ranks.py)
 
     def close(self) -> None:
@@ -128,12 +131,17 @@ async def rl_step(rl: RLRun, step: int) -> dict[str, float]:
     t_rollout = time.perf_counter() - t0
     trajs = [t for g in groups for t in g.trajectories]
     group_ids = [i for i, g in enumerate(groups) for _ in g.trajectories]
-    log_rollout_stats(stats, trajs)
-    if rl.log.samples_every and step % rl.log.samples_every == 0 and rl.ranks.is_main:
+    if rl.ranks.is_main and rl.log.samples_every and step % rl.log.samples_every == 0:
         write_trajectories(rl.run_dir / "trajectories" / f"step_{step}.jsonl", groups, rl.tokenizer, max_groups=rl.log.samples_groups)
+    # Leave out what the infrastructure broke: an engine or tool server failure, or a token from a
+    # weight version the trainer did not publish (train/agreement.py). Counted, never learned from.
+    reject_unexpected_versions(trajs, step, sync=rl.sync_versions)
+    trajs, group_ids = usable(trajs, group_ids, stats)
+    if trajs:
+        log_rollout_stats(stats, trajs)
 
     # 2. Optionally drop groups without reward spread (DAPO dynamic sampling).
-    if rl.algo.filter_zero_std:
+    if rl.algo.filter_zero_std and trajs:
         keep = zero_std_group_mask(torch.tensor([t.reward for t in trajs]), torch.tensor(group_ids)).tolist()
         trajs = [t for t, k in zip(trajs, keep) if k]
         group_ids = [g for g, k in zip(group_ids, keep) if k]
@@ -153,6 +161,7 @@ async def rl_step(rl: RLRun, step: int) -> dict[str, float]:
     out.setdefault("entropy", 0.0)
     out.setdefault("actor/behav_imp_weight/mean", 1.0)
     out.setdefault("actor/behav_cap_frac", 0.0)
+    out.setdefault("mismatch/masked_frac", 0.0)  # no correction (exact engine log-probs) masks nothing
     out.update(batch.metrics)  # rollout/staleness/mean|max, rollout/interrupted, rollout/queue, time/wait_s
     out["time/rollout_s"] = t_rollout
     out["time/step_s"] = time.perf_counter() - t0
@@ -166,9 +175,13 @@ async def rl_step(rl: RLRun, step: int) -> dict[str, float]:
 def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
     """Old / reference log-probs, values, advantages, then the critic and policy updates."""
     a = rl.algo
-    # 3. Old log-probs (behaviour, or proximal with decoupled PPO), reference log-probs and values.
+    # 3. Old log-probs (behaviour, or proximal with decoupled PPO), reference log-probs and values;
+    #    the engine's log-probs checked against the trainer's (train/agreement.py).
     old = old_logprobs(a, rl.trainer, batch, trained_version=step - 1, reuse=rl.reuse_engine_logprobs)
     batch.old_logp_BC, batch.prox_alpha_BC = old.old_BC, old.alpha_BC
+    check = rl.agreement.measure(rl.trainer, batch, step - 1, old.old_BC if old.recomputed else None)
+    stats.add_max(**{k: check.pop(k) for k in ("mismatch/ratio_max", "mismatch/abs_diff_max") if k in check})
+    stats.add(**check)
     batch.ref_logp_BC = rl.trainer.ref_logprobs(batch) if a.kl_coef > 0 else None
     batch.values_BC = rl.critic.values(batch) if rl.critic else None
     # 4. Advantages.
@@ -188,6 +201,20 @@ def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
         stats.add(kl=est.kl_mean, kl_coef=kl_coef)
     if rl.ranks.distributed:  # each rank measured its share: combine them (what one process would have logged)
         stats.merge(rl.ranks.all_gather_json(stats.state()))
+
+
+def usable(trajs: list[Trajectory], group_ids: list[int], stats: StatsTracker) -> tuple[list[Trajectory], list[int]]:
+    """The trajectories with status "ok" (and their group ids); the others counted by status in
+    `rollout/excluded/<status>` and `rollout/excluded_frac`. A group keeps its usable members:
+    the baseline is taken over them."""
+    keep = [t.status == "ok" for t in trajs]
+    counts = {"engine_error": 0, "tool_unavailable": 0, "version_mismatch": 0}
+    for t, k in zip(trajs, keep):
+        if not k:
+            counts[t.status] = counts.get(t.status, 0) + 1
+    stats.add(**{f"rollout/excluded/{s}": float(n) for s, n in counts.items()},
+              **{"rollout/excluded_frac": (len(trajs) - sum(keep)) / max(1, len(trajs))})
+    return [t for t, k in zip(trajs, keep) if k], [g for g, k in zip(group_ids, keep) if k]
 
 
 def log_rollout_stats(stats: StatsTracker, trajs: list[Trajectory]) -> None:

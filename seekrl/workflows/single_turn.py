@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 
 from seekrl.engines.base import InferenceEngine
+from seekrl.errors import EngineRequestError
 from seekrl.models import encode_chat
 from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import episode_params
-from seekrl.types import SamplingParams, Task, Trajectory, TrajectoryGroup
+from seekrl.types import Completion, SamplingParams, Task, Trajectory, TrajectoryGroup
 
 __all__ = ["SingleTurnWorkflow"]
 
@@ -34,10 +35,14 @@ class SingleTurnWorkflow:
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
         params = params or self.params
         prompt_ids = self.prompt_ids(task)
-        completions = await asyncio.gather(*(engine.generate(prompt_ids, p) for p in episode_params(params, task, n)))
+        completions = await asyncio.gather(*(_generate(engine, prompt_ids, p) for p in episode_params(params, task, n)))
         trajs = []
         for c in completions:
             t = Trajectory(task=task, prompt_ids=prompt_ids, completion_ids=[], loss_mask=[], logprobs=[], versions=[])
+            if c is None:  # the engine failed this request: an infrastructure failure, left out of the update
+                t.status, t.finish_reason = "engine_error", "error"
+                trajs.append(t)
+                continue
             t.append(c.token_ids, sampled=True, logprobs=c.logprobs, version=c.token_versions())
             t.text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
             t.finish_reason = "length" if c.finish_reason == "length" else "answered"
@@ -50,3 +55,12 @@ class SingleTurnWorkflow:
         for t, r in zip(trajs, results):
             t.reward, t.reward_parts = r.total, r.parts
         return TrajectoryGroup(task=task, trajectories=trajs)
+
+
+async def _generate(engine: InferenceEngine, prompt_ids: list[int], params: SamplingParams) -> Completion | None:
+    """One sample, or None when the engine failed the request (EngineRequestError). A dead engine
+    (EngineUnavailable) still ends the run: nothing could be sampled."""
+    try:
+        return await engine.generate(prompt_ids, params)
+    except EngineRequestError:
+        return None

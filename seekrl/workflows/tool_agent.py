@@ -52,6 +52,7 @@ from collections import Counter
 import torch
 
 from seekrl.engines.base import InferenceEngine
+from seekrl.errors import EngineRequestError
 from seekrl.models import encode_chat
 from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import episode_params, turn_seed
@@ -163,7 +164,11 @@ class ToolAgentWorkflow:
                 params, stop=fmt.answer_stop if final else fmt.stop, max_new_tokens=min(params.max_new_tokens, remaining),
                 seed=turn_seed(params.seed, m["turns"]),
             )
-            c = await engine.generate(prompt_ids + traj.completion_ids, p)
+            try:
+                c = await engine.generate(prompt_ids + traj.completion_ids, p)
+            except EngineRequestError:  # this request failed on the engine's side: not the policy's doing
+                traj.status, finish = "engine_error", "error"
+                break
             traj.append(list(c.token_ids), sampled=True, logprobs=list(c.logprobs), version=c.token_versions())
             m["turns"] += 1
             sampled += len(c.token_ids)
@@ -195,6 +200,9 @@ class ToolAgentWorkflow:
                 for r in results:
                     calls[r.name if r.name in self.executor.registry else "unknown"] += 1
                     m["tool_errors"] += int(not r.ok)
+                if any(r.error == "unavailable" for r in results):  # a tool's server is down: nothing to learn here
+                    traj.status, finish = "tool_unavailable", "error"
+                    break
                 obs = fmt.observation(results, tok, closed=closed)
             obs, cut = self.truncate_observation(list(obs), self.max_obs_tokens)
             room = self.max_total_tokens - len(traj.completion_ids)

@@ -271,6 +271,35 @@ def test_group_episodes_run_concurrently(tiny_tokenizer):
     assert t.text.endswith("<search> q </search>\n\n<information>Paris.</information>\n\n<answer> Paris </answer>")
 
 
+def test_infrastructure_failures_mark_the_trajectory(tiny_tokenizer):
+    """A tool whose server is down, or an engine request that fails, ends the episode with a status
+    the trainer leaves out (not an error observation to learn from)."""
+    from seekrl.errors import EngineRequestError
+
+    @tool(retries=0)
+    async def search(query: str) -> str:
+        """Search a server that refuses connections."""
+        raise ConnectionRefusedError("retrieval server down")
+
+    class Engine:
+        def __init__(self, fail_on: int):
+            self.calls, self.fail_on = 0, fail_on
+
+        async def generate(self, prompt_ids, params):
+            self.calls += 1
+            if self.calls == self.fail_on:
+                raise EngineRequestError("the server refused the request (400)")
+            ids = tiny_tokenizer.encode("<search> q </search>", add_special_tokens=False)
+            return Completion(ids, [-0.5] * len(ids), "stop", 0)
+
+    wf = ToolAgentWorkflow(tiny_tokenizer, SamplingParams(max_new_tokens=32), Rubric(["qa_em"]), get_format("search_r1"),
+                           ToolExecutor(ToolRegistry([search])))
+    t = asyncio.run(wf.run(TASK, Engine(fail_on=0), 1)).trajectories[0]
+    assert t.status == "tool_unavailable" and t.finish_reason == "error" and t.metrics["turns"] == 1
+    t = asyncio.run(wf.run(TASK, Engine(fail_on=1), 1)).trajectories[0]
+    assert t.status == "engine_error" and t.finish_reason == "error" and t.completion_ids == []
+
+
 @pytest.mark.parametrize("fmt_name", ["search_r1", "hermes"])
 def test_tiny_model_end_to_end(tiny_tokenizer, tiny_model, fmt_name):
     """A real LocalEngine samples every turn; the first turn of each episode is replaced by a

@@ -200,3 +200,29 @@ def test_max_calls_per_episode():
     assert out[2].error == "max_calls" and "limit of 2 calls to 'limited'" in out[2].text and "not run" in out[2].text
     assert run(ex.run(ToolCall("limited", {"query": "x"}, ""), b)).ok  # a new episode has its own budget
     assert runs == ["0", "1", "x"] and a.calls["limited"] == 4
+
+
+def test_a_server_that_cannot_be_reached_is_unavailable_not_the_models_error():
+    import socket
+
+    from seekrl.retrieval.retriever import HTTPRetriever
+    from seekrl.tools.search import make_search_tool
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    retriever = HTTPRetriever(f"http://127.0.0.1:{port}/retrieve", timeout=2.0)
+    search = make_search_tool(retriever, topk=1, policy=ToolPolicy(retries=1, backoff_s=0))
+    st = EpisodeToolState()
+    r = run(ToolExecutor(ToolRegistry([search])).run(ToolCall("search", {"query": "q"}, ""), st))
+    assert not r.ok and r.error == "unavailable" and r.attempts == 2 and "RetrieverUnavailable" in r.text
+    assert st.errors == {"unavailable": 1}
+    run(retriever.aclose())
+
+    @tool(retries=0)
+    async def refused(query: str) -> str:
+        """A socket-level failure."""
+        raise ConnectionRefusedError("connection refused")
+
+    r = run(ToolExecutor(ToolRegistry([refused])).run(ToolCall("refused", {"query": "q"}, ""), EpisodeToolState()))
+    assert r.error == "unavailable"
