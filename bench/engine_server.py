@@ -18,6 +18,13 @@ the HTTP hop and the separate process (goal: >= 0.9). With `--hf`, a third arm: 
 `model.generate` in this process, the C prompts of a round as one left-padded batch (sampling,
 `min_new_tokens = max_new_tokens`), R rounds.
 
+With `--vllm` (after `make vllm`), a fourth arm: vLLM's OpenAI server started as
+`engine.server_kind=vllm` starts it (`.venv-vllm`, seekrl's worker extension), driven through
+seekrl's own client (`RemoteEngine`, api vllm): C concurrent coroutines, each awaiting R
+`generate` calls; and its weight sync as a run does it (`RemoteEngine.update_weights`: write the
+folder, /pause?mode=keep, /collective_rpc load, /update_weight_version, /reset_prefix_cache,
+/resume).
+
 Weight sync: the time of one disk update as a training run does it — write the model as a
 safetensors folder atomically (`seekrl.engines.weights.write_weights`), then the server's
 `/update_weights_from_disk` (pause in place, load, continue) — median of `--syncs` updates
@@ -167,6 +174,39 @@ def weight_syncs(model, url: str, work: Path, n: int) -> list[dict]:
     return out
 
 
+def vllm_arm(model, tok, prompts, rows: list[dict], args, work: Path) -> list[float]:
+    """The vLLM rows (in place) and the times of `args.syncs` weight syncs."""
+    from seekrl.engines.config import EngineConfig
+    from seekrl.engines.launch import ServerGroup, free_port
+    from seekrl.engines.remote import RemoteEngine
+    from seekrl.engines.setup import SamplerSettings, server_command
+    from seekrl.engines.weights import write_weights
+
+    served = write_weights(model, work / "vllm_served", 0, tokenizer=tok, untie_embeddings=True)
+    e = EngineConfig(kind="remote", api="vllm", servers=1, server_kind="vllm", server_args=["--max-model-len", "2048"])
+    cmd = server_command(e, served, free_port(), None, SamplerSettings(dtype=args.dtype))
+    cmd.env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    t0 = time.perf_counter()
+    group = ServerGroup.start([cmd], work / "vllm", timeout_s=900)
+    print(f"vLLM up in {time.perf_counter() - t0:.0f} s", flush=True)
+    syncs = []
+    try:
+        engine = RemoteEngine(group.urls, api="vllm", timeout_s=600, weights_dir=work / "vllm_weights", max_concurrent=256)
+        asyncio.run(in_process(engine, prompts, 1, 1, 4))  # warm-up
+        for row in rows:
+            tokens, secs = asyncio.run(in_process(engine, prompts, row["clients"], args.requests, args.max_new))
+            row.update(vllm_tok_s=tokens / secs, vllm_s=secs)
+            print(f"vLLM        {row['clients']:>3} clients: {row['vllm_tok_s']:9.1f} tok/s", flush=True)
+        for v in range(1, args.syncs + 1):
+            t0 = time.perf_counter()
+            asyncio.run(engine.update_weights(model, v))
+            syncs.append(time.perf_counter() - t0)
+        engine.close()
+    finally:
+        group.stop()
+    return syncs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2")
@@ -178,6 +218,7 @@ def main() -> None:
     ap.add_argument("--max-batch-size", type=int, default=64)
     ap.add_argument("--syncs", type=int, default=3)
     ap.add_argument("--hf", action="store_true", help="also time transformers' model.generate in-process")
+    ap.add_argument("--vllm", action="store_true", help="also time vLLM (make vllm) through RemoteEngine")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -228,6 +269,7 @@ def main() -> None:
         syncs = weight_syncs(model, url, work, args.syncs)
     finally:
         group.stop()
+    vllm_syncs = vllm_arm(model, tok, prompts, rows, args, work) if args.vllm else []
     med = {k: statistics.median(s[k] for s in syncs) for k in ("write_s", "load_s", "total_s")}
     print(f"disk weight sync (median of {len(syncs)}): write {med['write_s']:.3f} s + load {med['load_s']:.3f} s "
           f"= {med['total_s']:.3f} s", flush=True)
@@ -239,16 +281,20 @@ def main() -> None:
           f"{args.model} {args.dtype}, {args.max_new} new tokens/request, {args.requests} requests/client, "
           f"max batch {args.max_batch_size}\n")
     hf = " HF generate tok/s |" if args.hf else ""
-    print(f"| clients | in-process tok/s | server tok/s | server / in-process |{hf}")
-    print("|---|---|---|---|" + ("---|" if args.hf else ""))
+    vl = " vLLM tok/s |" if args.vllm else ""
+    print(f"| clients | in-process tok/s | server tok/s | server / in-process |{hf}{vl}")
+    print("|---|---|---|---|" + ("---|" if args.hf else "") + ("---|" if args.vllm else ""))
     for r in rows:
         extra = f" {r['hf_generate_tok_s']:.1f} |" if args.hf else ""
+        extra += f" {r['vllm_tok_s']:.1f} |" if args.vllm else ""
         print(f"| {r['clients']} | {r['in_process_tok_s']:.1f} | {r['server_tok_s']:.1f} | {r['ratio']:.2f} |{extra}")
     print(f"\ndisk weight sync, median of {len(syncs)}: write {med['write_s']:.3f} s, load {med['load_s']:.3f} s, "
           f"total {med['total_s']:.3f} s ({params / 1e6:.0f}M parameters, {args.dtype})")
+    if vllm_syncs:
+        print(f"vLLM weight sync (RemoteEngine.update_weights), median of {len(vllm_syncs)}: {statistics.median(vllm_syncs):.3f} s")
     if args.out:
         Path(args.out).write_text(json.dumps({"date": today, "machine": machine, "args": vars(args), "rows": rows,
-                                              "syncs": syncs, "sync_median": med}, indent=1))
+                                              "syncs": syncs, "sync_median": med, "vllm_syncs": vllm_syncs}, indent=1))
 
 
 if __name__ == "__main__":

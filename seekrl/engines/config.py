@@ -26,17 +26,19 @@ class EngineConfig:
     servers: int = 0
     """N > 0: start N servers on free loopback ports for this run (the kind engine.server_kind says), stop them when it ends; implies kind: remote."""
     server_kind: Literal["auto", "seekrl", "sglang", "vllm"] = "auto"
-    """What engine.servers starts: auto (seekrl's own `seekrl serve engine` for api sglang, vLLM for api vllm) | seekrl | sglang | vllm."""
+    """What engine.servers starts: auto (seekrl's own `seekrl serve engine` for api sglang, vLLM for api vllm) | seekrl | sglang | vllm (sets engine.api=vllm)."""
     server_args: list[str] = field(default_factory=list)
     """Extra command-line flags for each started server (e.g. [--gpu-memory-utilization, '0.5'])."""
     server_python: str | None = None
-    """Python interpreter that starts SGLang / vLLM servers, e.g. .venv-vllm/bin/python (they pin torch and transformers of their own, so they often live in their own environment); none: this one."""
+    """Python interpreter that starts SGLang / vLLM servers (they pin torch and transformers of their own, so they live in their own environment); none: for vLLM the `.venv-vllm/bin/python` that `make vllm` builds when it exists, else this one."""
     gpus_per_server: int = 0
     """GPUs given to each started server through CUDA_VISIBLE_DEVICES (server i gets GPUs i*n .. i*n+n-1); 0: no restriction."""
     weight_sync: Literal["disk", "nccl"] = "disk"
     """How new weights reach the servers: disk (an atomically written safetensors folder, then pause -> update_weights_from_disk -> continue) | nccl (GPU broadcast; SGLang / vLLM servers only)."""
     timeout_s: Annotated[float, Range(gt=0, text=_SECONDS)] = 300.0
-    """Timeout of one request to a server, in seconds; a server past it counts as failed."""
+    """Timeout of one request to a server, in seconds; a server past it counts as failed (weight loads: engine.weight_sync_timeout_s)."""
+    weight_sync_timeout_s: Annotated[float, Range(gt=0, text=_SECONDS)] = 600.0
+    """Timeout of each weight-sync call to a server (pause, load from disk, version, continue), in seconds; a server past it counts as failed. Loading a large model takes longer than one request."""
     startup_timeout_s: Annotated[float, Range(gt=0, text=_SECONDS)] = 600.0
     """How long started servers may take to answer /health, in seconds."""
     max_concurrent: int = 256
@@ -47,6 +49,8 @@ class EngineConfig:
     """Environment variable holding the servers' bearer token (started servers get it too)."""
     keep_weights: int = 2
     """Weight folders kept in <run>/engine/weights (older ones are removed after each sync)."""
+    allow_unauthenticated_control: bool = False
+    """Let vLLM servers be started on an address other than loopback (`seekrl launch` binds node IPs). vLLM's control endpoints (/collective_rpc, /pause, /resume, /update_weight_version: dev mode) take no token, whatever --api-key says: anyone who reaches the port can pause sampling, load any folder as weights or run the worker methods /collective_rpc names. Set true only on a trusted network."""
 
     def check(self) -> None:
         """urls or servers imply remote (resolved before the checks); remote needs one of them."""

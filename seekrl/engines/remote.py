@@ -14,11 +14,25 @@ episode to the server its first turn went to (its prefix is cached there). An ep
 asyncio task (workflows run each episode in its own task), so the choice is kept in a
 ContextVar: a turn inherits its episode's server, and separate episodes choose afresh.
 
-Failures: a server that refuses the connection, times out (`timeout_s`), or answers 5xx is
-marked dead and counted (`engine/server_failures`); its request is sent again to another live
-server (with the same seed it samples the same tokens). When no server is left, `generate` and
-`update_weights` raise `EngineUnavailable`, one line naming the servers and the last error; the
-CLI prints it and exits 1. A 4xx answer is a bad request, not a dead server: `EngineRequestError`.
+Failures: a server that refuses the connection, times out (`timeout_s`; weight loads and the
+pause / continue around them: `weight_sync_timeout_s`), or answers 5xx is marked dead and
+counted (`engine/server_failures`); its request is sent again to another live server (with the
+same seed it samples the same tokens on a server that honours seeds: seekrl's server and vLLM;
+SGLang only when started with --enable-deterministic-inference, which started SGLang servers
+are). When no server is left, `generate` and `update_weights` raise `EngineUnavailable`, one line
+naming the servers and the last error; the CLI prints it and exits 1. A 4xx answer is a bad
+request, not a dead server: `EngineRequestError`. One exception: a 503 answered while that server
+is being paused or synced (vLLM answers 503 to new requests while paused with abort or wait) means
+"paused": the request is sent again to the same server after a short wait (50 ms, doubling up
+to 1 s), for at most `timeout_s`, and counted in `engine/paused_retries`; only past that is the
+server dead.
+
+Context: the first request to a server reads its largest context once (`model_info`: seekrl's
+`max_context`, vLLM's `max_model_len`, SGLang's `context_length` where its /model_info or
+/server_info reports one). Each request's max_new_tokens is then capped to the context left
+after its prompt (SGLang answers 400 to prompt + max_new_tokens over the context, failing a
+whole batched call; the capped request ends "length" at the context's end). A prompt that
+already fills the context is an `EngineRequestError` for that request only.
 
 Batching (api sglang): the generate calls that reach one server within the same event-loop tick
 go out as one /generate with lists of input_ids, sampling_params and rids (SGLang's batch form),
@@ -38,7 +52,7 @@ import contextvars
 import itertools
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -56,6 +70,10 @@ class _ServerFailed(Exception):
     pass
 
 
+class _ServerPaused(Exception):
+    """A 503 from a server that is being paused or synced: retry later on the same server."""
+
+
 @dataclass(eq=False)
 class _Server:
     url: str
@@ -65,6 +83,10 @@ class _Server:
     why: str = ""
     requests: int = 0
     queued: list = field(default_factory=list)  # (HTTPCall, Future) waiting for the next batched request
+    pausing: int = 0  # pause windows open on this server (paused, not yet continued): a 503 then means "paused"
+    pause_epoch: int = 0  # bumped at each pause and continue, so a 503 sent before a continue still counts as paused
+    context: int | None = None  # the server's largest prompt + completion, read once (None: unknown, no cap)
+    context_read: asyncio.Task | None = None
 
 
 _ids = itertools.count()
@@ -80,6 +102,7 @@ class RemoteEngine:
         api: str = "sglang",
         token: str | None = None,
         timeout_s: float = 300.0,
+        weight_sync_timeout_s: float = 600.0,
         max_concurrent: int = 256,
         weights_dir: str | os.PathLike | None = None,
         keep_weights: int = 2,
@@ -94,6 +117,7 @@ class RemoteEngine:
         self.servers = [_Server(u.rstrip("/")) for u in urls]
         self.token = token
         self.timeout_s = float(timeout_s)
+        self.weight_sync_timeout_s = float(weight_sync_timeout_s)  # weight loads, and the pause / continue around them
         self.max_concurrent = int(max_concurrent)
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
         self.keep_weights = keep_weights
@@ -103,13 +127,16 @@ class RemoteEngine:
         self.max_batch = max_batch if self.api.name == "sglang" else 1  # prompts per /generate
         self._sticky: contextvars.ContextVar[_Server | None] = contextvars.ContextVar(f"seekrl-remote-{next(_ids)}", default=None)
         self._rids = itertools.count()
-        self.counters = {"server_failures": 0, "retries": 0, "requests": 0, "http_requests": 0, "weight_syncs": 0, "weight_sync_s": 0.0}
+        self.counters = {"server_failures": 0, "retries": 0, "requests": 0, "http_requests": 0, "weight_syncs": 0, "weight_sync_s": 0.0,
+                         "paused_retries": 0}
         self._paused = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: httpx.AsyncClient | None = None
         self._unpaused: asyncio.Event | None = None
         self._tasks: set[asyncio.Task] = set()  # batch senders in flight (the loop keeps only weak references)
         self._server_pause: asyncio.Task | None = None  # pause("abort") on the servers, until update_weights or resume
+        self._pause_paths = {calls[0].path for calls in (self.api.pause(m) for m in ("abort", "in_place")) if calls}
+        self._resume_paths = {c.path for c in self.api.resume()}
 
     # ----------------------------------------------------------------------------- protocol
 
@@ -122,7 +149,7 @@ class RemoteEngine:
         self._ensure_loop()
         await self._unpaused.wait()
         rid = rid or f"seekrl-{os.getpid()}-{next(self._rids)}"
-        call = self.api.generate(list(prompt_ids), params, rid)
+        self.api.generate(list(prompt_ids), params, rid)  # a request the adapter refuses fails before any I/O
         version_at_start = self.version
         tried: set[int] = set()
         while True:
@@ -130,6 +157,7 @@ class RemoteEngine:
             tried.add(id(server))
             server.inflight += 1  # counted from the choice on, so a burst of requests spreads out
             try:
+                call = self.api.generate(list(prompt_ids), await self._fit_context(server, len(prompt_ids), params), rid)
                 body = await self._generate_on(server, call)
             except _ServerFailed:
                 self.counters["retries"] += 1
@@ -156,7 +184,8 @@ class RemoteEngine:
         if isinstance(source, torch.nn.Module):
             if self.weights_dir is None:
                 raise ValueError("RemoteEngine.update_weights(module) needs weights_dir, where the servers can read the folder")
-            folder = await asyncio.to_thread(write_weights, source, self.weights_dir, version)
+            folder = await asyncio.to_thread(write_weights, source, self.weights_dir, version,
+                                             untie_embeddings=self.api.name == "vllm")  # weights.untie_lm_head
         else:
             folder = Path(source)
         pause = self.api.pause("in_place")
@@ -201,6 +230,36 @@ class RemoteEngine:
             if isinstance(r, BaseException) and not isinstance(r, _ServerFailed):
                 raise r
 
+    async def _fit_context(self, server: _Server, n_prompt: int, params: SamplingParams) -> SamplingParams:
+        """`params` with max_new_tokens capped to the context `server` has left after the prompt
+        (read once per server); EngineRequestError when the prompt fills it already."""
+        if server.context_read is None:
+            server.context_read = asyncio.get_running_loop().create_task(self._read_context(server))
+        await asyncio.shield(server.context_read)
+        context = server.context
+        if context is None:
+            return params
+        left = context - n_prompt
+        if left <= 0:
+            raise EngineRequestError(f"engine server {server.url}: the prompt of {n_prompt} tokens fills its context of {context} "
+                                     "tokens; shorten the prompt (rollout.max_prompt_tokens, rollout.max_total_tokens)")
+        return replace(params, max_new_tokens=left) if params.max_new_tokens > left else params
+
+    async def _read_context(self, server: _Server) -> None:
+        """server.context from its model_info call(s); unknown (None) when none reports one."""
+        for call in self.api.context_calls():
+            try:
+                body = await self._request(server, call, counted=False)
+            except EngineRequestError:  # not served (404) or refused: try the next, else no cap
+                continue
+            except _ServerFailed:
+                server.context_read = None  # a dead server: the caller re-routes; nothing cached
+                raise
+            context = self.api.parse_context(body)
+            if context is not None:
+                server.context = context
+                return
+
     async def _continue_after(self, paused: asyncio.Task) -> None:
         await asyncio.wait([paused])
         await self._on_live(self.api.resume())
@@ -244,6 +303,8 @@ class RemoteEngine:
                                          limits=limits)
         for s in self.servers:
             s.sem = asyncio.Semaphore(self.max_concurrent)
+            if s.context_read is not None and not s.context_read.done():  # a read the previous loop left unfinished
+                s.context_read = None
         self._unpaused = asyncio.Event()
         if not self._paused:
             self._unpaused.set()
@@ -277,23 +338,59 @@ class RemoteEngine:
             server.why = why
             self.counters["server_failures"] += 1
 
-    async def _request(self, server: _Server, call: HTTPCall):
-        """One HTTP call; a dead server raises _ServerFailed (after marking it), a 4xx EngineRequestError."""
-        async with server.sem:
+    async def _request(self, server: _Server, call: HTTPCall, *, control: bool = False, counted: bool = True):
+        """One HTTP call; a dead server raises _ServerFailed (after marking it), a 4xx EngineRequestError.
+        A 503 while the server is paused is retried on it, for at most engine.timeout_s (module docstring).
+        `control`: a weight-sync call (engine.weight_sync_timeout_s); `counted`: in engine/http_requests.
+        An empty 2xx answer (SGLang's /abort_request) reads as {}."""
+        deadline = time.monotonic() + self.timeout_s
+        wait = 0.05
+        while True:
             try:
-                r = await self._client.request(call.method, server.url + call.path, json=call.json)
-            except httpx.TimeoutException:
-                self._fail(server, f"no answer within engine.timeout_s={self.timeout_s:g} s")
-                raise _ServerFailed from None
-            except httpx.TransportError as e:
-                self._fail(server, f"{type(e).__name__}: {e}".strip().rstrip(":"))
-                raise _ServerFailed from None
-        self.counters["http_requests"] += 1
+                return await self._request_once(server, call, control=control, counted=counted)
+            except _ServerPaused:
+                if time.monotonic() + wait > deadline:
+                    self._fail(server, f"HTTP 503 on {call.path} while paused for longer than engine.timeout_s={self.timeout_s:g} s")
+                    raise _ServerFailed from None
+                self.counters["paused_retries"] += 1
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 1.0)
+
+    async def _request_once(self, server: _Server, call: HTTPCall, *, control: bool = False, counted: bool = True):
+        path = call.path.split("?", 1)[0]
+        is_pause, is_resume = call.path in self._pause_paths, call.path in self._resume_paths
+        if is_pause:  # from the moment it is sent: a request answered 503 by the pausing server is "paused"
+            server.pausing += 1
+            server.pause_epoch += 1
+        paused_at_send, epoch = server.pausing > 0, server.pause_epoch
+        timeout_s = self.weight_sync_timeout_s if control else self.timeout_s
+        key = "engine.weight_sync_timeout_s" if control else "engine.timeout_s"
+        r = None
+        try:
+            async with server.sem:
+                try:
+                    r = await self._client.request(call.method, server.url + call.path, json=call.json,
+                                                   timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)))
+                except httpx.TimeoutException:
+                    self._fail(server, f"no answer to {path} within {key}={timeout_s:g} s")
+                    raise _ServerFailed from None
+                except httpx.TransportError as e:
+                    self._fail(server, f"{type(e).__name__}: {e}".strip().rstrip(":"))
+                    raise _ServerFailed from None
+        finally:
+            if is_pause and (r is None or r.status_code >= 400):
+                server.pausing = max(server.pausing - 1, 0)  # the pause did not take
+        if is_resume and r.status_code < 400:
+            server.pausing = 0
+            server.pause_epoch += 1
+        self.counters["http_requests"] += counted
+        if r.status_code == 503 and server.alive and (paused_at_send or server.pausing > 0 or server.pause_epoch != epoch):
+            raise _ServerPaused
         if r.status_code >= 500:
             self._fail(server, f"HTTP {r.status_code} on {call.path}: {_short(r.text)}")
             raise _ServerFailed
         try:
-            body = r.json()
+            body = r.json() if r.content.strip() or r.status_code >= 300 else {}
         except ValueError:
             body = None
         if r.status_code >= 400:
@@ -352,7 +449,7 @@ class RemoteEngine:
     async def _sync_one(self, server: _Server, calls: list[HTTPCall]) -> None:
         for call in calls:
             try:
-                body = await self._request(server, call)
+                body = await self._request(server, call, control=True)
                 self.api.check_update(call, body)
             except (EngineRequestError, AdapterError) as e:
                 self._fail(server, f"weight update failed: {e}")

@@ -32,7 +32,8 @@ from seekrl.engines.launch import ENGINE_TOKEN_ENV, ServerCommand, ServerGroup, 
 from seekrl.engines.local import LocalEngine
 from seekrl.errors import ConfigError
 
-__all__ = ["SamplerSettings", "make_engine", "engine_token", "server_command"]
+__all__ = ["SamplerSettings", "make_engine", "engine_token", "server_command", "default_server_python", "VLLM_VENV",
+           "check_control_exposure", "is_loopback"]
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,13 @@ def make_engine(e: EngineConfig, model, tokenizer, run_dir: str | os.PathLike, s
 
     token = engine_token(e)
     weights_dir = Path(run_dir) / "engine" / "weights"
-    common = dict(api=e.api, token=token, timeout_s=e.timeout_s, max_concurrent=e.max_concurrent,
+    common = dict(api=e.api, token=token, timeout_s=e.timeout_s, weight_sync_timeout_s=e.weight_sync_timeout_s,
+                  max_concurrent=e.max_concurrent,
                   weights_dir=weights_dir, keep_weights=e.keep_weights)
     if e.urls:
         return RemoteEngine(e.urls, **common)
     api = get_api(e.api)
-    initial = write_weights(model, weights_dir, 0, tokenizer=tokenizer)
+    initial = write_weights(model, weights_dir, 0, tokenizer=tokenizer, untie_embeddings=e.api == "vllm")
     commands = []
     for i in range(e.servers):
         gpus = ",".join(str(i * e.gpus_per_server + k) for k in range(e.gpus_per_server)) if e.gpus_per_server else None
@@ -84,6 +86,41 @@ def make_engine(e: EngineConfig, model, tokenizer, run_dir: str | os.PathLike, s
                               timeout_s=e.startup_timeout_s, token=token)
     exact = server_kind(e) == "seekrl" and settings.dtype == "float32"  # same code, same fp32 weights: the trainer's log-probs
     return RemoteEngine(group.urls, **common, exact_logprobs=exact, on_close=group.stop)
+
+
+VLLM_VENV = ".venv-vllm"  # what `make vllm` builds: vLLM's CPU build, which pins its own torch and transformers
+
+
+def default_server_python() -> str | None:
+    """The interpreter of `make vllm`'s environment (`.venv-vllm/bin/python` in the working
+    directory or the checkout seekrl runs from), when it exists; else None (this interpreter)."""
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        python = root / VLLM_VENV / "bin" / "python"
+        if python.is_file():
+            return str(python)
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) is loopback only: localhost, 127.0.0.0/8, ::1."""
+    import ipaddress
+
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_control_exposure(e: EngineConfig, host: str) -> None:
+    """vLLM's control endpoints (/collective_rpc, /pause, /resume, /update_weight_version) take no
+    token even with --api-key: a vLLM server on an address other than loopback is refused unless
+    engine.allow_unauthenticated_control is set (ConfigError, one line)."""
+    if server_kind(e) == "vllm" and not is_loopback(host) and not e.allow_unauthenticated_control:
+        raise ConfigError(f"a vLLM server would listen on {host}, and vLLM's control endpoints (/collective_rpc, /pause, "
+                          "/update_weight_version) take no token; set engine.allow_unauthenticated_control=true on a trusted "
+                          "network, or serve on loopback")
 
 
 def server_command(e: EngineConfig, model_dir: str | os.PathLike, port: int, token: str | None, settings: SamplerSettings, *,
@@ -96,15 +133,20 @@ def server_command(e: EngineConfig, model_dir: str | os.PathLike, port: int, tok
     from seekrl.engines.adapters import get_api
 
     kind = server_kind(e)
+    check_control_exposure(e, host)
     if kind == "seekrl":
         argv, env = seekrl_server_command(str(model_dir), port, host=host, dtype=settings.dtype, device=settings.device,
                                           max_batch_size=settings.max_batch_size, seed=settings.seed, extra_args=e.server_args)
         if token:
             env = {**env, ENGINE_TOKEN_ENV: token}
     else:
-        argv, env = get_api(kind).server_command(str(model_dir), host, port, list(e.server_args))
-        if e.server_python:  # the servers' own environment; it still imports seekrl's vLLM worker extension
-            argv = [e.server_python, *argv[1:]]
+        args = list(e.server_args)
+        if kind == "vllm" and not any(a == "--dtype" or a.startswith("--dtype=") for a in args):
+            args += ["--dtype", settings.dtype]  # model.dtype, as the trainer's (vLLM's own default may differ)
+        argv, env = get_api(kind).server_command(str(model_dir), host, port, args)
+        python = e.server_python or (default_server_python() if kind == "vllm" else None)
+        if python:  # the servers' own environment; it still imports seekrl's vLLM worker extension
+            argv = [python, *argv[1:]]
             root = str(Path(__file__).resolve().parents[2])
             env = {**env, "PYTHONPATH": os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH")) if x)}
         if token:

@@ -53,3 +53,4 @@ def index_flags(p: argparse.ArgumentParser, what: str) -> None:
     if what == "mcp":
         p.add_argument("--stdio", action="store_true", help="speak MCP over stdin/stdout instead of HTTP")
         p.add_argument("--topk", type=int, default=3, help="passages per search unless the call asks otherwise")
+        p.add_argument("--max-body-mb", type=float, default=1.0, help="largest request body, in MB (HTTP; more is a 413)")

@@ -15,7 +15,10 @@ reads `Authorization: Bearer <token>` (scheme in any case, as RFC 7235 has it) a
 without it; `GuardTokenVerifier` compares the token in constant time with servers/guards.py's
 `token_matches`, as the policy and retrieval servers do. Without `token`, $SEEKRL_MCP_TOKEN is
 used when set, which keeps the secret out of argv. stdio needs no token: only the process that
-started the server can talk to it. (Request bodies are parsed by fastmcp, not by a `Guard`.)
+started the server can talk to it. Request bodies are parsed by fastmcp, not by a `Guard`, but
+they are bounded as the other servers' are: `BodyLimit` (ASGI middleware on the HTTP app) answers
+413 with one line of JSON past `max_body_bytes` (--max-body-mb, default 1 MB), the declared
+Content-Length first, then the bytes received (chunked uploads too).
 
 A failing search (bad `topk`, an index error) is an MCP error result (isError), which the
 client (seekrl.tools.mcp) turns into a counted tool error.
@@ -33,10 +36,72 @@ from seekrl.servers.flags import index_flags
 from seekrl.servers.guards import check_port, resolve_token, token_matches
 from seekrl.tools.search import format_passages
 
-__all__ = ["make_mcp_server", "serve_mcp", "token_verifier", "TOKEN_ENV", "MAX_TOPK", "main"]
+__all__ = ["make_mcp_server", "serve_mcp", "token_verifier", "BodyLimit", "body_limit", "TOKEN_ENV", "MAX_TOPK",
+           "MAX_BODY_BYTES", "main"]
 
 TOKEN_ENV = "SEEKRL_MCP_TOKEN"
 MAX_TOPK = 50  # a request for more passages is an error, not silently clamped
+MAX_BODY_BYTES = 1_000_000  # as the retrieval and policy servers
+
+
+class BodyLimit:
+    """ASGI middleware: an HTTP request body over `max_body_bytes` is answered 413 (one line of JSON,
+    as the other servers' Guard does) before the app sees it. The declared Content-Length is checked
+    first; otherwise the body is read (bounded) and handed on to the app whole."""
+
+    def __init__(self, app, max_body_bytes: int = MAX_BODY_BYTES):
+        if max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+        self.app = app
+        self.max_body_bytes = int(max_body_bytes)
+
+    async def _reject(self, send, message: str) -> None:
+        import json
+
+        body = json.dumps({"error": {"code": 413, "message": message}, "detail": message}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = self.max_body_bytes
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length", b"").decode("latin-1")
+        if declared.isdigit() and int(declared) > limit:
+            return await self._reject(send, f"request body of {declared} bytes is over the limit of {limit} bytes")
+        if scope.get("method") in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return await self._reject(send, f"request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # http.disconnect, for the app's streaming answers
+
+        return await self.app(scope, replay, send)
+
+
+def body_limit(max_body_bytes: int = MAX_BODY_BYTES) -> list:
+    """The middleware list that bounds an MCP HTTP app's bodies: `server.http_app(middleware=body_limit(n))`."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(BodyLimit, max_body_bytes=max_body_bytes)]
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +159,15 @@ def serve_mcp(
     token: str | None = None,
     topk: int = 3,
     name: str = "seekrl-search",
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> None:
     """Serve the index folder over MCP until interrupted: streamable HTTP at
-    `http://host:port/mcp`, or stdio (`transport="stdio"`, for a client that starts this process)."""
+    `http://host:port/mcp` (bodies over `max_body_bytes` answered 413), or stdio
+    (`transport="stdio"`, for a client that starts this process)."""
     if transport not in ("http", "stdio"):
         raise ValueError(f"transport must be 'http' or 'stdio', got {transport!r}")
+    if max_body_bytes < 1:
+        raise ValueError(f"--max-body-mb must be > 0, got {max_body_bytes / 1e6:g}")
     if not (Path(index_dir) / "meta.json").is_file():
         raise ValueError(f"{str(index_dir)!r} is not an index folder (no meta.json); build one with `seekrl index build`")
     check_port(port)
@@ -109,12 +178,13 @@ def serve_mcp(
     token = resolve_token(token, TOKEN_ENV, host, "MCP")
     server = make_mcp_server(index_dir, topk=topk, name=name, token=token)
     log.info("serving %s over MCP on http://%s:%d/mcp", index_dir, host, port)
-    server.run(transport="http", host=host, port=port, show_banner=False, log_level="warning")
+    server.run(transport="http", host=host, port=port, show_banner=False, log_level="warning",
+               middleware=body_limit(max_body_bytes))
 
 
 def run_from_args(args: argparse.Namespace) -> None:
     serve_mcp(args.index, host=args.host, port=args.port, transport="stdio" if args.stdio else "http", token=args.token,
-              topk=args.topk)
+              topk=args.topk, max_body_bytes=int(args.max_body_mb * 1e6))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -145,11 +145,131 @@ def test_a_bad_request_is_not_a_dead_server(tiny_tokenizer, sharp_tiny, tmp_path
         engine = RemoteEngine(s.urls, weights_dir=tmp_path / "w")
         with pytest.raises(EngineRequestError, match="outside the vocabulary"):
             run(engine.generate([1, 10_000], SamplingParams(4)))
-        with pytest.raises(EngineRequestError, match="HTTP 400"):
-            run(engine.generate([1, 2], SamplingParams(5000)))  # over the context
+        with pytest.raises(EngineRequestError, match="fills its context of 1024 tokens"):
+            run(engine.generate([1] * 1024, SamplingParams(5000)))  # the prompt fills the context
         assert engine.metrics()["engine/server_failures"] == 0.0
         # a folder that does not fit: the server refuses it, and is not trusted afterwards
         other = make_tiny_model(tiny_tokenizer, hidden_size=32, num_layers=1, num_heads=4, seed=0)
         with pytest.raises(EngineUnavailable, match="weight update failed"):
             run(engine.update_weights(other, 1))
         assert engine.version == 0
+
+
+class PausedAnswers503:
+    """ASGI middleware over an engine-server app that answers /generate with 503 from /pause_generation
+    until /continue_generation, as vLLM does while paused with abort or wait; /update_weights_from_disk
+    takes `load_s` longer, so requests land in the pause. `always` answers every /generate 503."""
+
+    def __init__(self, app, load_s: float = 0.6):
+        self.app, self.load_s = app, load_s
+        self.paused = self.always = False
+        self.answered_503 = 0
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path == "/generate" and (self.paused or self.always):
+            self.answered_503 += 1
+            body = b'{"detail": "paused"}'
+            await send({"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        if path == "/pause_generation":
+            self.paused = True
+        elif path == "/update_weights_from_disk":
+            await asyncio.sleep(self.load_s)
+        await self.app(scope, receive, send)
+        if path == "/continue_generation":
+            self.paused = False
+
+
+def test_a_503_while_paused_for_a_sync_is_retried_not_a_dead_server(tiny_tokenizer, sharp_tiny, tmp_path):
+    model = sharp_tiny(10)
+    trained = sharp_tiny(11)
+    prompt = tiny_tokenizer.encode("copy: 3 4", add_special_tokens=False)
+    app = PausedAnswers503(make_app(LocalEngine(copy.deepcopy(model), tiny_tokenizer), tiny_tokenizer, model_path="test"))
+    with LiveServer(app) as url:
+        engine = RemoteEngine([url], weights_dir=tmp_path / "w", timeout_s=30)
+
+        async def main():
+            sync = asyncio.create_task(engine.update_weights(trained, 1))
+            while not app.paused:
+                await asyncio.sleep(0.01)
+            during = await asyncio.gather(*(engine.generate(prompt, SamplingParams(4, seed=i)) for i in range(3)))
+            await sync
+            return during
+
+        during = run(main())
+        assert app.answered_503 >= 1 and all(len(c.token_ids) >= 1 for c in during)
+        m = engine.metrics()
+        assert m["engine/server_failures"] == 0.0 and m["engine/servers_alive"] == 1.0 and m["engine/paused_retries"] >= 1
+        assert engine.version == 1 and {c.version for c in during} == {1}  # answered after the continue
+
+        # paused for longer than engine.timeout_s: then it is dead, in one line
+        engine = RemoteEngine([url], weights_dir=tmp_path / "w2", timeout_s=0.3)
+        app.load_s = 1.5
+
+        async def too_long():
+            sync = asyncio.create_task(engine.update_weights(trained, 2))
+            while not app.paused:
+                await asyncio.sleep(0.01)
+            try:
+                return await engine.generate(prompt, SamplingParams(4, seed=1))
+            finally:
+                await asyncio.gather(sync, return_exceptions=True)
+
+        with pytest.raises(EngineUnavailable, match="while paused for longer than engine.timeout_s=0.3 s") as err:
+            run(too_long())
+        assert "\n" not in str(err.value)
+
+        # a 503 outside any pause is a dead server, as before
+        app.always, app.load_s = True, 0.0
+        engine = RemoteEngine([url])
+        with pytest.raises(EngineUnavailable, match="HTTP 503"):
+            run(engine.generate(prompt, SamplingParams(4, seed=1)))
+        assert engine.metrics()["engine/paused_retries"] == 0.0
+
+
+def test_max_new_tokens_is_capped_to_the_context_left(tiny_tokenizer):
+    small = make_tiny_model(tiny_tokenizer, hidden_size=32, num_layers=1, num_heads=4, max_position_embeddings=24, seed=3)
+    prompt = tiny_tokenizer.encode("copy: 1 2", add_special_tokens=False)
+    with Servers(small, tiny_tokenizer, 1) as s:
+        engine = RemoteEngine(s.urls)
+        params = SamplingParams(max_new_tokens=100, temperature=1.0, ignore_eos=True)
+
+        async def main():  # one batched /generate: the over-long prompt fails alone, the others are capped
+            return await asyncio.gather(engine.generate(prompt, params), engine.generate(prompt, params, rid="b"),
+                                        engine.generate([1] * 24, params), return_exceptions=True)
+
+        a, b, full = run(main())
+        assert not isinstance(a, BaseException) and not isinstance(b, BaseException), (a, b)
+        assert len(a.token_ids) == len(b.token_ids) == 24 - len(prompt) and a.finish_reason == "length"
+        assert isinstance(full, EngineRequestError) and "fills its context of 24 tokens" in str(full) and "\n" not in str(full)
+        assert engine.metrics()["engine/server_failures"] == 0.0
+        short = run(engine.generate(prompt, SamplingParams(max_new_tokens=3, ignore_eos=True)))
+        assert len(short.token_ids) == 3  # under the cap: unchanged
+
+
+def test_an_empty_control_answer_reads_as_json(tiny_tokenizer, sharp_tiny):
+    """SGLang answers /abort_request 200 with an empty body: not an unreadable answer."""
+    from seekrl.engines.adapters import SGLangAPI
+
+    inner = make_app(LocalEngine(sharp_tiny(12), tiny_tokenizer), tiny_tokenizer, model_path="test")
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/abort_request":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await inner(scope, receive, send)
+
+    with LiveServer(app) as url:
+        engine = RemoteEngine([url])
+
+        async def main():
+            engine._ensure_loop()
+            for call in SGLangAPI().abort(None) + SGLangAPI().abort("r-1"):
+                assert call.json  # always a JSON body
+                assert await engine._request(engine.servers[0], call) == {}
+
+        run(main())
+        assert engine.metrics()["engine/server_failures"] == 0.0

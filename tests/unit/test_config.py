@@ -246,6 +246,8 @@ def test_engine_urls_or_servers_imply_remote():
 
     assert server_kind(load_config(None, ["engine.servers=1"]).engine) == "seekrl"
     assert server_kind(load_config(None, ["engine.servers=1", "engine.api=vllm"]).engine) == "vllm"
+    vllm = load_config(None, ["engine.servers=1", "engine.server_kind=vllm"]).engine  # the README's command: api follows
+    assert vllm.api == "vllm" and server_kind(vllm) == "vllm"
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ the server's answer, and the GenResult (or one-line AdapterError) it must parse 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -175,7 +176,8 @@ def test_sglang_nccl_calls():
 def test_sglang_server_command():
     argv, env = SGLangAPI().server_command("/run/engine/weights/v0", "127.0.0.1", 30001, ["--tp-size", "2"])
     assert argv == [sys.executable, "-m", "sglang.launch_server", "--model-path", "/run/engine/weights/v0",
-                    "--host", "127.0.0.1", "--port", "30001", "--weight-version", "0", "--tp-size", "2"]
+                    "--host", "127.0.0.1", "--port", "30001", "--weight-version", "0", "--enable-deterministic-inference",
+                    "--tp-size", "2"]  # seeds reach every request; SGLang honours sampling_seed only with the flag
     assert env == {"SGLANG_RETURN_ORIGINAL_LOGPROB": "false"}
 
 
@@ -215,7 +217,10 @@ def test_vllm_without_weight_versions_has_unknown_versions():
 
 def test_vllm_control_calls():
     api = VLLMAPI()
-    assert api.pause("abort") == [HTTPCall("POST", "/pause?mode=abort")]
+    # keep + abort all: vLLM's abort / wait pauses answer new requests 503 until /resume
+    assert api.pause("abort") == [HTTPCall("POST", "/pause?mode=keep"), HTTPCall("POST", "/abort_requests", {})]
+    assert api.pause("in_place") == [HTTPCall("POST", "/pause?mode=keep")]
+    assert all("mode=abort" not in c.path and "mode=wait" not in c.path for m in ("abort", "in_place") for c in api.pause(m))
     assert api.abort("r-1") == [HTTPCall("POST", "/abort_requests", {"request_ids": ["cmpl-r-1-0"]})]
     assert api.abort(None) == [HTTPCall("POST", "/abort_requests", {})]
     assert api.model_info() == HTTPCall("GET", "/v1/models")
@@ -244,12 +249,24 @@ def test_vllm_nccl_calls():
     assert api.NCCL_SERVER_ARGS == ("--weight-transfer-config", '{"backend": "nccl"}')
 
 
-def test_vllm_server_command():
+def test_vllm_server_command(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     argv, env = VLLMAPI().server_command("/run/engine/weights/v0", "127.0.0.1", 8001, ["--dtype", "bfloat16"])
-    assert argv == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "/run/engine/weights/v0",
+    # the module, not the `vllm` script: the CPU build's distribution is `vllm-cpu`, which the script's lookup misses
+    assert argv == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/run/engine/weights/v0",
                     "--host", "127.0.0.1", "--port", "8001", "--logprobs-mode", "processed_logprobs",
                     "--worker-extension-cls", "seekrl.engines.vllm_worker.SeekrlWorkerExtension", "--dtype", "bfloat16"]
-    assert env == {"VLLM_SERVER_DEV_MODE": "1"}
+    # a core range (vLLM refuses "all"); a KV cache size (else the CPU build wants 92% of the RAM free)
+    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    for flags in (["--kv-cache-memory-bytes", "1000000000"], ["--gpu-memory-utilization=0.5"]):  # sized by a flag: no env
+        assert "VLLM_CPU_KVCACHE_SPACE" not in VLLMAPI().server_command("/m", "127.0.0.1", 1, flags)[1]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    assert VLLMAPI().server_command("/m", "127.0.0.1", 1, [])[1]["VLLM_CPU_OMP_THREADS_BIND"] == "0,2,5"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")  # the caller's choice stands (inherited by the server)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert not {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"} & set(VLLMAPI().server_command("/m", "127.0.0.1", 1, [])[1])
 
 
 def test_get_api():
@@ -322,3 +339,28 @@ def test_worker_extension_defines_one_method_and_imports_no_vllm():
     code = "import sys, seekrl.engines.vllm_worker; print(any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_sglang_refuses_ignore_eos_with_stop_token_ids():
+    api = SGLangAPI()
+    with pytest.raises(ValueError) as err:
+        api.generate([1, 2], SamplingParams(max_new_tokens=4, ignore_eos=True, stop_token_ids=(7,)), "r")
+    assert "ignore_eos" in str(err.value) and "\n" not in str(err.value)
+    api.generate([1, 2], SamplingParams(max_new_tokens=4, ignore_eos=True), "r")  # alone: fine
+    api.generate([1, 2], SamplingParams(max_new_tokens=4, stop_token_ids=(7,)), "r")
+
+
+def test_sglang_abort_always_sends_a_json_body():
+    for rid in (None, "r-1"):
+        (call,) = SGLangAPI().abort(rid)
+        assert isinstance(call.json, dict) and call.json
+
+
+def test_context_is_read_from_model_info():
+    assert SGLangAPI().parse_context({"model_path": "m", "max_context": 512}) == 512  # seekrl serve engine
+    assert SGLangAPI().parse_context({"context_length": 4096, "model_path": "m"}) == 4096
+    assert SGLangAPI().parse_context({"model_path": "m", "weight_version": "0"}) is None
+    assert [c.path for c in SGLangAPI().context_calls()] == ["/model_info", "/server_info"]
+    body = {"object": "list", "data": [{"id": "/w/v0", "object": "model", "max_model_len": 2048}]}
+    assert VLLMAPI().parse_context(body) == 2048
+    assert VLLMAPI().parse_context({"data": []}) is None and VLLMAPI().parse_context([1]) is None

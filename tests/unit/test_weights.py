@@ -48,3 +48,24 @@ def test_folders_are_atomic_versioned_and_pruned(tiny_model, tmp_path):
     assert (tmp_path / "v3" / "model.safetensors").is_file() and (tmp_path / "v3" / "config.json").is_file()
     prune_weights(tmp_path, keep=1, protect=tmp_path / "v2")
     assert [v for v, _ in weight_folders(tmp_path)] == [2, 3]
+
+
+def test_weights_for_vllm_are_written_untied(tiny_model, tmp_path):
+    """vLLM's layer-wise reload skips a tied LM head; the folder it loads carries an explicit one."""
+    import json
+
+    from safetensors import safe_open
+
+    assert tiny_model.config.tie_word_embeddings
+    tied = write_weights(tiny_model, tmp_path / "tied", 0)
+    untied = write_weights(tiny_model, tmp_path / "untied", 0, untie_embeddings=True)
+    assert json.loads((tied / "config.json").read_text())["tie_word_embeddings"] is True
+    assert not (tied / "model.safetensors.index.json").exists()
+    assert json.loads((untied / "config.json").read_text())["tie_word_embeddings"] is False
+    with safe_open(str(untied / "model-00002-of-00002.safetensors"), framework="pt") as f:
+        assert torch.equal(f.get_tensor("lm_head.weight"), tiny_model.model.embed_tokens.weight.detach())
+    ids = torch.tensor([[3, 5, 7, 9]])
+    for folder in (tied, untied):  # both load in transformers to the same model (the untied one through its index)
+        again = AutoModelForCausalLM.from_pretrained(folder)
+        with torch.no_grad():
+            assert torch.equal(again(ids).logits, tiny_model(ids).logits)
