@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from seekrl.config import Config
 from seekrl.data.sets import TaskSets, load_split, load_task_sets, tiny_texts_of
 from seekrl.engines.base import InferenceEngine, text_decoder
 from seekrl.engines.local import LocalEngine
+from seekrl.engines.scoring import TeacherClient
 from seekrl.engines.setup import SamplerSettings, make_engine
 from seekrl.engines.weights import write_weights
 from seekrl.errors import CheckpointError, ConfigError
@@ -47,9 +49,11 @@ from seekrl.train.batching import FORWARD_METHODS
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
 from seekrl.train.rl import RLRun
 from seekrl.train.sft import SFTRun, load_sft_rows, tiny_texts, tokenize_examples
+from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher, teacher_folder, teacher_plan, tokenizer_problem
 
 __all__ = ["run_folder", "sampler_settings", "build_workflow", "build_rl", "policy_trainer", "critic_trainer", "build_eval",
-           "build_sft", "build_generate", "write_initial_weights", "local_engine"]
+           "build_sft", "build_generate", "write_initial_weights", "local_engine", "check_teacher", "build_teacher",
+           "check_chat_template"]
 
 
 def run_folder(cfg: Config, write: bool = True) -> Path:
@@ -90,6 +94,7 @@ def build_workflow(cfg: Config, tokenizer, rubric: Rubric) -> Workflow:
     return ToolAgentWorkflow(
         tokenizer, params, rubric, get_format(cfg.tools.format), make_tool_executor(cfg.tools), max_turns=r.max_turns,
         max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens, mask_observations=r.mask_observations,
+        trajectory=r.trajectory,
     )
 
 
@@ -115,6 +120,26 @@ def _engine(cfg: Config, model, tokenizer, run_dir: Path) -> InferenceEngine:
                        copy_weights=r.mode == "async" and r.max_staleness > 0)
 
 
+def check_chat_template(cfg: Config) -> None:
+    """The prefix layout with template-rendered turns (tools.format=hermes) needs a chat template
+    that never rewrites an earlier turn (workflows/tool_agent.py): a model folder's tokenizer is
+    checked here, before the weights load; the workflow checks again, with its tools' schemas."""
+    folder = Path(cfg.model.path)
+    if cfg.tools.format != "hermes" or cfg.rollout.trajectory != "prefix" or not (folder / "tokenizer_config.json").is_file():
+        return
+    from transformers import AutoTokenizer
+
+    from seekrl.tools.parsers import HermesFormat
+    from seekrl.workflows.tool_agent import check_prefix_template
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except Exception:  # load_policy reports a folder it cannot load, in one line
+        return
+    if getattr(tokenizer, "chat_template", None):
+        check_prefix_template(tokenizer, HermesFormat())
+
+
 def check_resume_path(resume: str) -> None:
     """train.resume naming a folder that does not exist fails here, in one line, before any model loads
     (the full check of an existing checkpoint runs when it is loaded)."""
@@ -128,7 +153,12 @@ def build_rl(cfg: Config) -> RLRun:
     """Everything `seekrl train` runs on. What can fail on bad input fails first, then the model loads."""
     t, m = cfg.train, cfg.model
     check_resume_path(t.resume)
+    check_teacher(cfg)
     rubric = _rubric(cfg)
+    if cfg.algo.turn_advantage and rubric.per_turn is False:
+        raise ConfigError(f"algo.turn_advantage=true but no reward of reward.functions={rubric.names} gives per-turn rewards; "
+                          "add one (e.g. retrieved_gold_turn) or set algo.turn_advantage=false")
+    check_chat_template(cfg)
     tasks = _task_sets(cfg)
     ranks = init_ranks(t.dist_backend, t.fsdp, t.dist_timeout_s, lora=m.lora_r > 0, device=m.device)
     run_dir = run_folder(cfg, write=ranks.is_main)
@@ -170,6 +200,7 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
     trainer = policy_trainer(cfg, model, tokenizer.pad_token_id, ref_model=ref_model, ranks=ranks,
                              correction=mismatch_correction(a, exact))
     critic = critic_trainer(cfg, _shard(value_model, cfg, ranks), tokenizer.pad_token_id, ranks=ranks) if value_model else None
+    teacher = build_teacher(cfg, tokenizer, tasks.tiny_texts, ranks)
     kl_ctl = AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target is not None else FixedKLController(a.kl_coef)
     # Engine log-probs are exact old log-probs on shared fp32 weights; inserted tokens trained on
     # (mask_observations=false) have none, so that ablation recomputes them.
@@ -185,8 +216,63 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
         full_model=full_model, tokenizer=tokenizer, engine=engine, workflow=workflow, eval_params=_eval_params(cfg),
         primary_reward=rubric.names[0], rollout=rollout, trainer=trainer, critic=critic, kl_ctl=kl_ctl,
         reuse_engine_logprobs=reuse, ranks=ranks, agreement=AgreementCheck(t.agreement_rows, t.agreement_max_kl),
-        sync_versions=r.mode == "sync",
+        sync_versions=r.mode == "sync", teacher=teacher,
     )
+
+
+def _teacher_token(cfg: Config) -> str | None:
+    env = cfg.algo.teacher.token_env
+    if env and not os.environ.get(env):
+        raise ConfigError(f"algo.teacher.token_env: the environment variable {env} is not set; export it or drop the key")
+    return os.environ.get(env) if env else None
+
+
+def check_teacher(cfg: Config) -> None:
+    """What can be checked of `algo.teacher` before any model loads: the model folder (a checkpoint
+    folder means its model/), the token's variable, and vLLM's temperature (its prompt log-probs
+    are taken at temperature 1, the trainer's at rollout.temperature)."""
+    tc, temperature = cfg.algo.teacher, cfg.rollout.temperature
+    if tc.path is not None:
+        try:
+            dataclasses.replace(cfg.model, path=teacher_folder(tc.path), gguf_file=None).check()
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("model.path", "algo.teacher.path", 1)) from None
+    if tc.url is not None:
+        _teacher_token(cfg)
+        if tc.api == "vllm" and temperature != 1.0:
+            raise ConfigError(f"algo.teacher.api=vllm scores at temperature 1 (vLLM's prompt log-probs take no temperature), "
+                              f"the student is scored at rollout.temperature={temperature:g}; set rollout.temperature=1 "
+                              "or serve the teacher with seekrl serve engine (algo.teacher.api=seekrl)")
+
+
+def build_teacher(cfg: Config, tokenizer, texts: list[str] | None, ranks: Ranks | None = None) -> Teacher | None:
+    """On-policy distillation's teacher (train/teacher.py), or None without `algo.teacher`: the
+    model of algo.teacher.path (loaded as model.path is, frozen, sharded like the reference model;
+    `texts` train a tiny teacher's tokenizer) or a client of the server at algo.teacher.url (rank 0
+    only). Its tokenizer must be `tokenizer` (ConfigError, one line, before training starts)."""
+    tc, ranks = cfg.algo.teacher, ranks or Ranks()
+    if tc.path is not None:
+        m = dataclasses.replace(cfg.model, path=teacher_folder(tc.path), gguf_file=None, lora_r=0, gradient_checkpointing=False)
+        model, teacher_tok = load_policy(m, seed=cfg.train.seed, tiny_texts=texts)
+        problem = tokenizer_problem(tokenizer, teacher_tok)
+        if problem:
+            tiny = (" (model.path=tiny trains its tokenizer on the tasks data.train and data.eval pick with train.seed: use "
+                    "the teacher run's data settings and seed)") if cfg.model.path == "tiny" else ""
+            raise ConfigError(f"algo.teacher.path: the teacher's tokenizer is not the policy's: {problem}; distillation scores "
+                              f"the student's own token ids, so use a teacher with the policy's tokenizer{tiny}")
+        model = _shard(model.eval().requires_grad_(False), cfg, ranks)
+        return LocalTeacher(model, teacher_plan(model, cfg.train, tokenizer.pad_token_id, ranks), cfg.rollout.temperature)
+    if tc.url is not None:
+        client = None
+        if ranks.is_main:
+            client = TeacherClient(tc.url, tc.api, token=_teacher_token(cfg), timeout_s=tc.timeout_s)
+            try:
+                client.check_tokenizer(tokenizer)
+            except BaseException:
+                client.close()
+                raise
+        return RemoteTeacher(client, cfg.rollout.temperature, ranks)
+    return None
 
 
 def mismatch_correction(a: AlgoConfig, exact: bool) -> Correction | None:
@@ -247,6 +333,8 @@ def build_sft(cfg: Config) -> SFTRun:
     policy's tokenizer, conversations longer than model.max_context dropped and counted."""
     d, m = cfg.data, cfg.model
     check_resume_path(cfg.train.resume)
+    if not isinstance(d.train, str):
+        raise ConfigError("data.train: seekrl sft reads one chat file, not a mixture of sources; give the file's path")
     train_convs = load_sft_rows(d.train, d.max_train)
     eval_convs = load_sft_rows(d.eval, d.max_eval) if d.eval else []
     run_dir = run_folder(cfg)

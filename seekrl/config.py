@@ -42,7 +42,7 @@ from seekrl.models import ModelConfig
 from seekrl.observe.config import LogConfig
 from seekrl.rewards.config import RewardConfig
 from seekrl.rollout.config import RolloutConfig
-from seekrl.schema import Range, check_fields, coerce, did_you_mean, field_docs, section_hints
+from seekrl.schema import Range, apply_fields, check_fields, coerce, did_you_mean, field_docs, is_subsection, section_hints
 from seekrl.tools.config import ToolsConfig
 from seekrl.train.config import TrainConfig
 from seekrl.yaml_keys import DuplicateKeyError, UniqueKeyLoader
@@ -200,6 +200,12 @@ def _check_between(cfg: Config) -> None:
     if a.decoupled and tl.format is not None and not r.mask_observations:
         raise ConfigError("algo.decoupled=true needs rollout.mask_observations=true: inserted tool tokens have no behaviour "
                           "log-probs to weight by; set algo.decoupled=false for the unmasked ablation")
+    if r.trajectory == "stepwise" and a.name not in (*GROUP_ALGOS, "distill"):
+        raise ConfigError(f"rollout.trajectory=stepwise gives each turn its episode's advantage from a group baseline over episodes; "
+                          f"algo.name={a.name} takes returns along one sequence: use grpo, dr_grpo, rloo or distill, or rollout.trajectory=prefix")
+    for key, on in (("algo.turn_advantage=true", a.turn_advantage), (f"algo.turn_gamma={a.turn_gamma:g}", a.turn_gamma != 1)):
+        if on and a.name not in GROUP_ALGOS:
+            raise ConfigError(f"{key} acts on a group baseline's advantage, which algo.name={a.name} has not; use grpo, dr_grpo or rloo, or drop it")
     c = cfg.cluster
     if c.engine_servers and e.servers:  # (engine.urls may be set: a launched run's saved config has them; launch replaces them)
         raise ConfigError(f"cluster.engine_servers={c.engine_servers} and engine.servers={e.servers} are both set; "
@@ -210,22 +216,30 @@ def resolve(cfg: Config, stem: str | None = None) -> Config:
     """The values that derive from others, as a new Config (module docstring): log.name (the config
     file's stem when unset), engine.kind (remote when engine.urls or engine.servers is set),
     engine.api (vllm when engine.server_kind=vllm: vLLM speaks nothing else), algo.decoupled
-    (unset: true in async mode)."""
+    (unset: true in async mode), and algo's objective defaults (AlgoConfig.resolved)."""
     log = cfg.log if cfg.log.name is not None or stem is None else dataclasses.replace(cfg.log, name=stem)
     engine = dataclasses.replace(cfg.engine, kind="remote") if cfg.engine.urls or cfg.engine.servers else cfg.engine
     if engine.server_kind == "vllm" and engine.api == "sglang":  # `engine.servers=1 engine.server_kind=vllm` alone
         engine = dataclasses.replace(engine, api="vllm")
     algo = cfg.algo if cfg.algo.decoupled is not None else dataclasses.replace(cfg.algo, decoupled=cfg.rollout.mode == "async")
+    algo = algo.resolved()  # the objective's clip range and loss aggregation, distill_coef
     return dataclasses.replace(cfg, log=log, engine=engine, algo=algo)
 
 
 def _apply(cfg: Config, section: str, key: str, value: Any) -> None:
+    """Set `section.key` (or `section.sub.key` of a subsection such as algo.teacher) to `value`."""
     if section not in SECTIONS:
         raise ConfigError(f"unknown section '{section}'{did_you_mean(section, SECTIONS)}")
     hints = section_hints(SECTIONS[section])
-    if key not in hints:
-        raise ConfigError(f"unknown key '{section}.{key}'{did_you_mean(key, hints, section + '.')}")
-    setattr(getattr(cfg, section), key, coerce(f"{section}.{key}", value, hints[key]))
+    head, _, rest = key.partition(".")
+    if head not in hints or (rest and not is_subsection(hints[head])):
+        raise ConfigError(f"unknown key '{section}.{key}'{did_you_mean(key, field_docs(SECTIONS[section]), section + '.')}")
+    if rest:  # one key of a subsection: the others keep their values
+        apply_fields(f"{section}.{head}", getattr(getattr(cfg, section), head), {rest: value})
+    elif is_subsection(hints[head]) and isinstance(value, dict):  # a mapping merges into the subsection
+        apply_fields(f"{section}.{head}", getattr(getattr(cfg, section), head), value)
+    else:
+        setattr(getattr(cfg, section), key, coerce(f"{section}.{key}", value, hints[key]))
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -234,13 +248,13 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         raise ConfigError(f"override '{text}' is not section.key=value (e.g. train.steps=50)")
     dotted, raw = text.split("=", 1)
     parts = dotted.strip().split(".")
-    if len(parts) != 2 or not all(parts):
-        raise ConfigError(f"override '{text}': keys are section.key, two levels (e.g. algo.name=ppo)")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ConfigError(f"override '{text}': keys are section.key (e.g. algo.name=ppo) or section.sub.key (algo.teacher.path=DIR)")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
-    return parts[0], parts[1], value
+    return parts[0], ".".join(parts[1:]), value
 
 
 def _read_file(cfg: Config, path: str | Path) -> None:
@@ -288,6 +302,8 @@ def reference_markdown() -> str:
     lines = ["| key | default | meaning |", "|---|---|---|"]
     for name, cls in SECTIONS.items():
         for key, doc in field_docs(cls).items():
-            value = getattr(getattr(default, name), key)
+            value = getattr(getattr(default, name), key.split(".")[0])
+            for sub in key.split(".")[1:]:
+                value = getattr(value, sub)
             lines.append(f"| `{name}.{key}` | `{json.dumps(value)}` | {doc.replace('|', chr(92) + '|')} |")
     return "\n".join(lines)

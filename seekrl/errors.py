@@ -17,7 +17,7 @@ may raise these.
 from __future__ import annotations
 
 __all__ = ["SeekrlError", "ConfigError", "DataError", "CheckpointError", "NonFiniteError", "EngineUnavailable",
-           "EngineRequestError", "LaunchError", "ServiceUnavailable"]
+           "EngineRequestError", "LaunchError", "ServiceUnavailable", "RewardUnavailable"]
 
 
 class SeekrlError(Exception):
@@ -68,6 +68,13 @@ class ServiceUnavailable(SeekrlError, RuntimeError):
     """A service an episode depends on (a tool's server, a retriever) could not be reached or
     failed (5xx): an infrastructure failure, not the model's. The tool executor reports it as
     `ToolResult.error="unavailable"`, and the episode's trajectory is excluded from the update."""
+
+
+class RewardUnavailable(ServiceUnavailable):
+    """A reward's service (an LLM judge) could not score a completion: refused, timed out, 5xx or
+    an unreadable reply after its retries. The Rubric reports it (`RewardResult.unavailable`) and
+    the trajectory's status becomes `reward_unavailable`: left out of the update, counted, never
+    scored 0."""
 
 
 class LaunchError(SeekrlError, RuntimeError):

@@ -15,7 +15,8 @@
   number. `accuracy` is `math_accuracy` (math-verify equivalence) of the last `<answer>` if
   there is one, else of the completion (its last `\\boxed{}`, else math-verify's extraction).
 - For QA (non-math) tasks `accuracy` keeps its old meaning: a sample is correct when its first reward part (the
-  rubric's primary reward, e.g. `qa_em`) is at least 0.5. `em` / `f1` average over the QA
+  rubric's primary reward, e.g. `qa_em`) is at least 0.5. Tasks with rubric items (rewards/judge.py) have
+  no gold aliases: no `em` / `f1`, correct by that rule. `em` / `f1` average over the QA
   samples of a scope, `accuracy` over all of them.
 - `pass@k` is the unbiased estimator of Chen et al. 2021, 1 - C(n-c, k) / C(n, k), averaged
   over tasks, for k = 1, the powers of two below n, and n (n = 8: 1, 2, 4, 8). A sample is
@@ -28,6 +29,11 @@
   can be extracted (an `<answer>` tag; for math also a `\\boxed{}`; for plain tasks a non-empty
   completion).
 - `reward`, `response_len` and every reward part are means; `count` is the number of tasks.
+- `evaluate` leaves out the samples whose status is not ok (an engine, tool server or judge
+  failure: `engine_error`, `tool_unavailable`, `reward_unavailable`): they are not scored, not
+  even 0, and are counted in `excluded/<status>` and `excluded_frac` (of all samples); a task
+  all of whose samples were left out is not in `count`. trajectories.jsonl still has them,
+  with their status.
 
 Keys are `{prefix}/{metric}` for all tasks, `{prefix}/{source}/{metric}` per source when there is
 more than one, and `{prefix}/{kind}/{metric}` per `task.meta["kind"]` (the synthetic world's
@@ -38,7 +44,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from math import comb
 from pathlib import Path
@@ -46,6 +52,7 @@ from typing import Annotated, Any
 
 from seekrl.engines.base import InferenceEngine
 from seekrl.errors import ConfigError
+from seekrl.rewards.judge import has_rubric
 from seekrl.rewards.math import extract_boxed, math_accuracy
 from seekrl.rewards.qa import exact_match, extract_answer, f1_score, gold_list
 from seekrl.rollout import collect
@@ -116,8 +123,8 @@ def score_trajectory(traj: Trajectory, primary: str) -> dict[str, float]:
             tagged = extract_answer(traj.text)  # an <answer> tag is the answer; else math_accuracy's own extraction
             out["accuracy"] = out["correct"] = math_accuracy(traj.text if tagged is None else f"\\boxed{{{tagged}}}", task)
     else:
-        try:
-            golds = gold_list(task.answer)
+        try:  # a rubric task (rewards/judge.py) has no gold aliases either: the judge's reward decides
+            golds = None if has_rubric(task) else gold_list(task.answer)
         except (TypeError, ValueError):  # no gold aliases: keep the primary-reward rule
             golds = None
         if golds is not None:
@@ -223,11 +230,18 @@ async def evaluate(workflow: Workflow, engine: InferenceEngine, tasks: list[Task
 
     with tqdm(total=len(tasks), desc="eval", unit="task", disable=not progress) as bar:
         groups = await collect(workflow, engine, tasks, n, params, progress=bar)
-    scores = {id(t): score_trajectory(t, primary) for g in groups for t in g.trajectories}
-    for g in groups:  # each sample's own scores in its metrics (its record; paired comparisons of two evals)
+    # An infrastructure failure (engine, tool server, judge) says nothing of the model: left out of
+    # the scores (not counted wrong), counted by status.
+    kept = [TrajectoryGroup(g.task, [t for t in g.trajectories if t.status == "ok"]) for g in groups]
+    excluded = Counter(t.status for g in groups for t in g.trajectories if t.status != "ok")
+    scores = {id(t): score_trajectory(t, primary) for g in kept for t in g.trajectories}
+    for g in kept:  # each sample's own scores in its metrics (its record; paired comparisons of two evals)
         for t in g.trajectories:
             t.metrics.update({f"score/{k}": v for k, v in scores[id(t)].items()})
-    return summarize(groups, primary, scores=scores), groups
+    metrics = summarize(kept, primary, scores=scores)
+    metrics.update({f"eval/excluded/{s}": float(c) for s, c in sorted(excluded.items())})
+    metrics["eval/excluded_frac"] = sum(excluded.values()) / max(1, sum(len(g.trajectories) for g in groups))
+    return metrics, groups
 
 
 @dataclass

@@ -29,7 +29,7 @@ observations masked. Rows whose reward is below `generate.min_reward` (rejection
 go to `<out>.rejected.jsonl` instead. Resumable: a rerun skips the (id, sample) pairs already
 in either file and drops a torn last line. Engine errors are retried with backoff
 (`generate.retries`); an episode that still fails is counted, not written, and the next
-rerun tries it again.
+rerun tries it again. So is an episode a `judge` reward could not score (rewards/judge.py).
 
 Reproducible: every request carries a seed derived from `train.seed`, the task id, the sample
 and the turn (`seekrl.rollout.stable_seed`, as in RL rollouts). The scripted teacher draws its
@@ -316,6 +316,11 @@ async def generate_rows(g: GenerateRun) -> dict:
                     return
             text = "".join(s["text"] for s in ep["segments"])
             r = await rubric.score(text, task, finish_reason=ep["finish_reason"])
+            if r.unavailable:  # the judge could not score it: failed (not written, so a rerun scores it again), not rejected
+                counts["failed"] += 1
+                first_error[:] = first_error or [r.unavailable]
+                bar.update(1)
+                return
             row = {"id": task.id, "sample": sample, "source": task.source, "prompt": task.prompt, **ep,
                    "answer": task.answer, "meta": task.meta, "reward": r.total, "reward_parts": r.parts}
             keep = s.min_reward is None or r.total >= s.min_reward

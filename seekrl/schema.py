@@ -28,6 +28,7 @@ engine.urls, ...) are resolved by seekrl/config.py before the checks, in one vis
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import inspect
 import math
@@ -38,7 +39,8 @@ from typing import Annotated, Any, Literal
 
 from seekrl.errors import ConfigError
 
-__all__ = ["ConfigError", "Range", "coerce", "check_fields", "field_docs", "did_you_mean", "choices", "section_hints"]
+__all__ = ["ConfigError", "Range", "coerce", "check_fields", "field_docs", "did_you_mean", "choices", "section_hints",
+           "is_subsection", "apply_fields"]
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,34 @@ def section_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
 
+def is_subsection(hint: Any) -> bool:
+    """A field that is itself a dataclass of fields (`algo.teacher`: keys `algo.teacher.path`, ...)."""
+    base, _ = _base(hint)
+    return isinstance(base, type) and dataclasses.is_dataclass(base)
+
+
+def apply_fields(where: str, target: Any, values: Any) -> None:
+    """Set the fields of the dataclass `target` from a mapping (a subsection written in YAML as
+    `teacher: {path: ...}`), coercing each; unknown keys get a did-you-mean."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping of key: value (e.g. {{{names(type(target))[0]}: ...}}), got {values!r}")
+    hints = section_hints(type(target))
+    for key, value in values.items():
+        if str(key) not in hints:
+            raise ConfigError(f"unknown key '{where}.{key}'{did_you_mean(str(key), hints, where + '.')}")
+        setattr(target, str(key), coerce(f"{where}.{key}", value, hints[str(key)]))
+
+
 def coerce(key: str, value: Any, hint: Any) -> Any:
     """`value` as the annotation's type (module docstring); raises ConfigError."""
     hint, _ = _base(hint)
     origin = typing.get_origin(hint)
+    if is_subsection(hint):
+        if isinstance(value, hint):
+            return value
+        out = hint()
+        apply_fields(key, out, value)
+        return out
     if origin is Literal:
         options = typing.get_args(hint)
         if isinstance(value, bool) and str(value).lower() in options:  # YAML reads true/false as booleans
@@ -128,11 +154,15 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
         args = typing.get_args(hint)
         if value is None and type(None) in args:
             return None
+        shaped: list[ConfigError] = []  # errors of the types that take values of this shape (a list, a mapping)
         for arg in (a for a in args if a is not type(None)):
             try:
                 return coerce(key, value, arg)
-            except ConfigError:
-                pass
+            except ConfigError as e:
+                if (isinstance(value, list) and typing.get_origin(arg) is list) or (isinstance(value, dict) and is_subsection(arg)):
+                    shaped.append(e)
+        if len(shaped) == 1:  # `data.train[1].wieght: unknown key ...` says more than "expected str or list"
+            raise shaped[0]
         names = " or ".join("null" if a is type(None) else getattr(a, "__name__", str(a)) for a in args)
         raise ConfigError(f"{key}: expected {names}, got {value!r} ({type(value).__name__})")
     if origin is list:
@@ -176,6 +206,9 @@ def check_fields(name: str, section: Any) -> None:
     for key, hint in section_hints(type(section)).items():
         value = getattr(section, key)
         where = f"{name}.{key}"
+        if is_subsection(hint):
+            check_fields(where, value)
+            continue
         options = choices(hint)
         if options is not None and value is not None and value not in options:
             # the options are listed already: only a close match adds something
@@ -202,13 +235,19 @@ def check_fields(name: str, section: Any) -> None:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a section dataclass (read from its source)."""
+    """The docstring under each field of a section dataclass (read from its source); a subsection's
+    fields are listed as `sub.key`."""
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
             docs[node.target.id] = str(nxt.value.value)  # type: ignore[attr-defined]
+    hints = section_hints(cls)
+    for key in list(docs):
+        if is_subsection(hints[key]):
+            del docs[key]
+            docs.update({f"{key}.{k}": v for k, v in field_docs(_base(hints[key])[0]).items()})
     return docs
 
 

@@ -63,7 +63,12 @@ class Completion:
 
 @dataclass
 class Trajectory:
-    """One episode. `completion_ids` are all tokens after the prompt, sampled and inserted."""
+    """One episode. `completion_ids` are all tokens after the prompt, sampled and inserted.
+
+    Layouts: prefix (`turn_prompts` None) trains the episode as one sequence, every turn's prompt
+    being `prompt_ids + completion_ids` before it; stepwise (`turn_prompts` a list) trains one
+    sample per turn (`steps()`): the exact ids the engine was given and the turn's sampled tokens,
+    for chat templates that re-render earlier turns differently (thinking models drop `<think>`)."""
 
     task: Task
     prompt_ids: list[int]
@@ -76,7 +81,10 @@ class Trajectory:
     finish_reason: str = "answered"  # answered | max_turns | length | error
     metrics: dict[str, float] = field(default_factory=dict)
     text: str = ""  # decoded completion (derived from completion_ids, for rewards and logs)
-    status: str = "ok"  # ok | engine_error | tool_unavailable | version_mismatch: an infrastructure failure is excluded from the update, not learned from
+    status: str = "ok"  # ok | engine_error | tool_unavailable | reward_unavailable | version_mismatch: an infrastructure failure is excluded from the update, not learned from
+    turn_spans: list[list[int]] = field(default_factory=list)  # [start, end) of each engine call's sampled tokens in completion_ids
+    turn_prompts: list[list[int] | None] | None = None  # stepwise layout: each turn's prompt ids where they are not prompt_ids + completion_ids[:start] (None there); None: prefix layout
+    turn_rewards: list[float] | None = None  # one reward per turn, when a reward function gives them (Rubric)
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -85,6 +93,8 @@ class Trajectory:
                 f"Trajectory {self.task.id}: completion_ids ({n}), loss_mask ({len(self.loss_mask)}), "
                 f"logprobs ({len(self.logprobs)}) and versions ({len(self.versions)}) must have equal length"
             )
+        if self.turn_prompts is not None and len(self.turn_prompts) != len(self.turn_spans):
+            raise ValueError(f"Trajectory {self.task.id}: {len(self.turn_prompts)} turn prompts for {len(self.turn_spans)} turns")
 
     def append(self, ids: list[int], *, sampled: bool, logprobs: list[float] | None = None, version: int | list[int] = -1) -> None:
         """Append one segment, writing its mask at the moment it is appended (Habit 4). `version` is
@@ -105,6 +115,55 @@ class Trajectory:
             self.loss_mask.extend([0] * len(ids))
             self.logprobs.extend([0.0] * len(ids))
             self.versions.extend([-1] * len(ids))
+
+    def append_turn(self, ids: list[int], *, logprobs: list[float], version: int | list[int] = -1,
+                    prompt_ids: list[int] | None = None) -> None:
+        """Append one engine call's sampled tokens (`append(sampled=True)`) and record its span. In the
+        stepwise layout (`turn_prompts` not None) `prompt_ids` are the ids the engine was given; they are
+        kept only where they are not `prompt_ids + completion_ids` so far (a re-rendered history)."""
+        start = len(self.completion_ids)
+        if self.turn_prompts is not None:
+            p, n = self.prompt_ids, len(self.prompt_ids)
+            same = prompt_ids is None or (len(prompt_ids) == n + start and prompt_ids[:n] == p and prompt_ids[n:] == self.completion_ids)
+            self.turn_prompts.append(None if same else list(prompt_ids))
+        self.append(ids, sampled=True, logprobs=logprobs, version=version)
+        self.turn_spans.append([start, len(self.completion_ids)])
+
+    @property
+    def stepwise(self) -> bool:
+        """Trained as one sample per turn (rollout.trajectory=stepwise), not as one sequence."""
+        return self.turn_prompts is not None
+
+    @property
+    def num_turns(self) -> int:
+        """Engine calls of the episode (1 for a trajectory that recorded none: one sequence)."""
+        return max(1, len(self.turn_spans))
+
+    def turn_prompt(self, k: int) -> list[int]:
+        """The exact prompt ids turn k was sampled from."""
+        stored = self.turn_prompts[k] if self.turn_prompts is not None else None
+        return list(stored) if stored is not None else self.prompt_ids + self.completion_ids[: self.turn_spans[k][0]]
+
+    def turn_index(self) -> list[int]:
+        """The turn of each completion token: turn k's sampled tokens and what was inserted after them
+        (up to turn k + 1) are k; 0 for all tokens of a trajectory that recorded no turns."""
+        out = [0] * len(self.completion_ids)
+        starts = [s for s, _ in self.turn_spans[1:]] + [len(out)]
+        for k, (start, end) in enumerate(zip(starts[:-1], starts[1:]), start=1):
+            out[start:end] = [k] * (end - start)
+        return out
+
+    def steps(self) -> list[Trajectory]:
+        """The stepwise samples: one per turn, its prompt exactly the ids the engine was given and its
+        completion the turn's sampled tokens; reward, status and finish reason are the episode's."""
+        out = []
+        for k, (a, b) in enumerate(self.turn_spans):
+            out.append(Trajectory(
+                task=self.task, prompt_ids=self.turn_prompt(k), completion_ids=self.completion_ids[a:b], loss_mask=self.loss_mask[a:b],
+                logprobs=self.logprobs[a:b], versions=self.versions[a:b], reward=self.reward, reward_parts=self.reward_parts,
+                finish_reason=self.finish_reason, status=self.status, turn_spans=[[0, b - a]],
+            ))
+        return out
 
     @property
     def num_sampled(self) -> int:

@@ -41,6 +41,47 @@ def tiny_tokenizer(tiny_texts):
     return train_tiny_tokenizer(tiny_texts, vocab_size=128)
 
 
+# Chat templates of thinking models, in ChatML: the next turn's rendering drops the <think> block of
+# earlier assistant turns, so a turn's prompt is not a prefix of the next one's.
+THINK_DROPPING_TEMPLATE = (  # every earlier assistant turn (DeepSeek-R1, QwQ)
+    "{%- for message in messages %}"
+    "{%- set content = message['content'] or '' %}"
+    "{%- if message['role'] == 'assistant' and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip() %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>' + '\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+QWEN3_LIKE_TEMPLATE = (  # only the assistant turns before the last user message (Qwen3: tool turns keep theirs)
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- set content = message['content'] or '' %}"
+    "{%- if message['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\n') %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>' + '\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def think_templates() -> dict[str, str]:
+    return {"drop_all": THINK_DROPPING_TEMPLATE, "qwen3_like": QWEN3_LIKE_TEMPLATE}
+
+
+@pytest.fixture(scope="session")
+def think_tokenizer(tiny_texts):
+    """The tiny tokenizer with THINK_DROPPING_TEMPLATE as its chat template."""
+    from seekrl.models import train_tiny_tokenizer
+
+    tok = train_tiny_tokenizer(tiny_texts, vocab_size=128)
+    tok.chat_template = THINK_DROPPING_TEMPLATE
+    return tok
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tiny_tokenizer):
     """Llama, hidden 64, 2 layers, fp32, seed 0. Shared: do not modify."""

@@ -16,8 +16,11 @@ from seekrl.algo.advantages import (
 )
 from seekrl.algo.losses import (
     AGG_MODES,
+    POLICY_LOSSES,
     aggregate,
+    cispo_loss,
     entropy_from_logits,
+    gspo_loss,
     kl_loss,
     masked_mean,
     policy_loss,
@@ -27,6 +30,9 @@ from seekrl.algo.losses import (
 __all__ = [
     "KL_KINDS",
     "AGG_MODES",
+    "POLICY_LOSSES",
+    "cispo_loss",
+    "gspo_loss",
     "AdaptiveKLController",
     "FixedKLController",
     "aggregate",

@@ -25,6 +25,13 @@ What is here, and the papers it follows:
   reward" variant of PPO-RLHF (Ziegler et al. 2019, Ouyang et al. 2022).
 - `zero_std_group_mask`: DAPO's dynamic sampling filter (Yu et al. 2025): groups whose rewards
   are all equal carry no GRPO signal.
+- Multi-turn episodes (`_B` rows may be the turns of one episode: rollout.trajectory=stepwise):
+  `episode_group_advantages` takes the group baseline over episodes (each counted once, however
+  many rows it has) and gives each row its episode's advantage; `episode_sum` sums a per-row
+  value over each episode; `turn_discount` is turn_gamma^(K-1-k) for turn k of K (the outcome
+  arrives after the last turn); `turn_advantages` turns per-turn rewards into per-turn
+  advantages: discounted returns over the remaining turns, with the group baseline taken among
+  the group's episodes at the same turn position.
 
 Run the tests: `python -m pytest tests/unit/test_advantages.py -q`.
 """
@@ -45,6 +52,10 @@ __all__ = [
     "FixedKLController",
     "AdaptiveKLController",
     "zero_std_group_mask",
+    "episode_group_advantages",
+    "episode_sum",
+    "turn_discount",
+    "turn_advantages",
     "KL_KINDS",
 ]
 
@@ -132,6 +143,103 @@ def zero_std_group_mask(rewards_B: torch.Tensor, group_ids_B: torch.Tensor, eps:
     max_K = max_K.scatter_reduce(0, inv_B, rewards_B, reduce="amax")
     min_K = min_K.scatter_reduce(0, inv_B, rewards_B, reduce="amin")
     return ((max_K - min_K) > eps)[inv_B]
+
+
+def _episodes(episode_ids_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inv_B, first_E): each row's dense episode index, and each episode's first row."""
+    _, inv_B = torch.unique(episode_ids_B, return_inverse=True)
+    E = int(inv_B.max().item()) + 1 if inv_B.numel() else 0
+    rows_B = torch.arange(inv_B.numel(), device=inv_B.device)
+    first_E = torch.full((E,), inv_B.numel(), dtype=torch.long, device=inv_B.device).scatter_reduce(0, inv_B, rows_B, reduce="amin")
+    return inv_B, first_E
+
+
+@torch.no_grad()
+def episode_group_advantages(
+    rewards_B: torch.Tensor,
+    group_ids_B: torch.Tensor,
+    episode_ids_B: torch.Tensor | None,
+    baseline: str = "mean",
+    scale: str = "std",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """`group_advantages` when an episode may span several rows (one per turn): every episode counts
+    once in its group's baseline (G episodes per task, not their turn rows), and each of its rows
+    gets the episode's advantage. Rows of one episode must share its reward and group.
+    `episode_ids_B` None (or all distinct): one row per episode, exactly `group_advantages`."""
+    if episode_ids_B is None:
+        return group_advantages(rewards_B, group_ids_B, baseline, scale, eps)
+    _check_same_shape("rewards_B", rewards_B, "episode_ids_B", episode_ids_B)
+    inv_B, first_E = _episodes(episode_ids_B)
+    if first_E.numel() == inv_B.numel() and torch.equal(first_E, torch.arange(inv_B.numel(), device=inv_B.device)):
+        return group_advantages(rewards_B, group_ids_B, baseline, scale, eps)  # one row per episode, in order
+    rewards_B = _float(rewards_B)
+    if not torch.equal(rewards_B, rewards_B[first_E][inv_B]) or not torch.equal(group_ids_B, group_ids_B[first_E][inv_B]):
+        raise ValueError("the rows of one episode must share its reward and group")
+    return group_advantages(rewards_B[first_E], group_ids_B[first_E], baseline, scale, eps)[inv_B]
+
+
+@torch.no_grad()
+def episode_sum(x_B: torch.Tensor, episode_ids_B: torch.Tensor | None) -> torch.Tensor:
+    """Per row, the sum of `x_B` over the rows of its episode (None: each row is an episode: `x_B`)."""
+    if episode_ids_B is None:
+        return x_B
+    _check_same_shape("x_B", x_B, "episode_ids_B", episode_ids_B)
+    inv_B, first_E = _episodes(episode_ids_B)
+    if first_E.numel() == inv_B.numel():
+        return x_B
+    return torch.zeros(first_E.numel(), dtype=x_B.dtype, device=x_B.device).index_add_(0, inv_B, x_B)[inv_B]
+
+
+def turn_discount(turn_BC: torch.Tensor, turns_B: torch.Tensor, gamma: float) -> torch.Tensor:
+    """gamma^(K-1-k) for a token of turn k in an episode of K turns (B, C): the outcome reward comes
+    after the last turn, K-1-k turns after turn k. 1 everywhere when gamma == 1."""
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"turn gamma must be in [0, 1], got {gamma}")
+    steps_BC = (turns_B[:, None] - 1 - turn_BC).clamp(min=0)
+    return torch.full(steps_BC.shape, float(gamma)).pow(steps_BC.float()) if gamma != 1.0 else torch.ones(steps_BC.shape)
+
+
+@torch.no_grad()
+def turn_advantages(
+    turn_rewards: list[list[float]],
+    group_ids: list[int],
+    gamma: float = 1.0,
+    baseline: str = "mean",
+    scale: str = "std",
+    eps: float = 1e-6,
+) -> list[list[float]]:
+    """Per-turn advantages from per-turn rewards (turn-level credit, `algo.turn_advantage`).
+
+    turn_rewards[e][k]: the reward of episode e's turn k; group_ids[e]: its task's group. The return
+    of turn k is G_k = r_k + gamma * G_{k+1} (the rewards of the turns left, discounted), and its
+    advantage is `group_advantages` of G_k among the episodes of the group that reached turn k
+    (same baseline and scale as the outcome's: a group's episodes are compared position by
+    position, so identical episodes get 0, and a position only one episode reached gets 0).
+    Returns the same ragged shape as `turn_rewards`.
+    """
+    if len(turn_rewards) != len(group_ids):
+        raise ValueError(f"{len(turn_rewards)} episodes of turn rewards but {len(group_ids)} group ids")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"turn gamma must be in [0, 1], got {gamma}")
+    returns: list[float] = []
+    keys: list[tuple[int, int]] = []
+    for rewards, group in zip(turn_rewards, group_ids):
+        g, out = 0.0, []
+        for r in reversed(rewards):
+            g = float(r) + gamma * g
+            out.append(g)
+        returns += out[::-1]
+        keys += [(int(group), k) for k in range(len(rewards))]
+    if not returns:
+        return [[] for _ in turn_rewards]
+    dense = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    adv = group_advantages(torch.tensor(returns, dtype=torch.float64), torch.tensor([dense[k] for k in keys]), baseline, scale, eps)
+    flat, out, pos = adv.tolist(), [], 0
+    for rewards in turn_rewards:
+        out.append(flat[pos : pos + len(rewards)])
+        pos += len(rewards)
+    return out
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:

@@ -7,36 +7,69 @@ tuples (`AGG_MODES`, `KL_KINDS`, `ALGOS`).
 
 from __future__ import annotations
 
+import dataclasses
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from seekrl.errors import ConfigError
 from seekrl.schema import Range
 
-__all__ = ["AlgoConfig", "AlgoName", "LossAgg", "KLKind", "ALGOS", "AGG_MODES", "KL_KINDS", "GROUP_ALGOS"]
+__all__ = ["AlgoConfig", "TeacherConfig", "AlgoName", "PolicyLoss", "LossAgg", "KLKind", "ALGOS", "POLICY_LOSSES", "AGG_MODES",
+           "KL_KINDS", "GROUP_ALGOS"]
 
-AlgoName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo"]
+AlgoName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo", "distill"]
+PolicyLoss = Literal["ppo", "gspo", "gspo_token", "cispo"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLKind = Literal["k1", "k2", "k3"]
 ALGOS: tuple[str, ...] = typing.get_args(AlgoName)
+POLICY_LOSSES: tuple[str, ...] = typing.get_args(PolicyLoss)
 AGG_MODES: tuple[str, ...] = typing.get_args(LossAgg)
 KL_KINDS: tuple[str, ...] = typing.get_args(KLKind)
 GROUP_ALGOS = ("grpo", "dr_grpo", "rloo")  # a group baseline: G >= 2 samples per task
+
+# Each objective's (clip_low, clip_high, loss_agg) where the config leaves them null: PPO's 0.2;
+# GSPO's sequence ratio is a geometric mean, near 1, so its paper clips it at 3e-4 / 4e-4 and
+# averages per sequence; CISPO bounds the IS weight only from above (MiniMax-M1: "we did not
+# impose a lower bound"; SkyRL's example caps at 1 + 5).
+OBJECTIVE_DEFAULTS: dict[str, tuple[float, float, str]] = {
+    "ppo": (0.2, 0.2, "token-mean"),
+    "gspo": (3e-4, 4e-4, "seq-mean-token-mean"),
+    "gspo_token": (3e-4, 4e-4, "seq-mean-token-mean"),
+    "cispo": (1.0, 5.0, "token-mean"),
+}
+
+
+@dataclass
+class TeacherConfig:
+    """On-policy distillation's teacher (`algo.teacher.*`): a model seekrl loads, or an engine server."""
+
+    path: str | None = None
+    """Teacher model (anything model.path takes: a folder, smollm2, tiny; a checkpoint folder runs/NAME/checkpoints/step_N means its model/), scored in the trainer's process; its tokenizer must be the policy's."""
+    url: str | None = None
+    """Teacher on an engine server that returns prompt log-probs (seekrl serve engine, or vLLM with algo.teacher.api=vllm); instead of algo.teacher.path."""
+    api: Literal["seekrl", "vllm"] = "seekrl"
+    """The teacher server's API: seekrl (`seekrl serve engine`, /score) | vllm (/v1/completions with prompt_logprobs; temperature 1 only, so rollout.temperature=1)."""
+    token_env: str | None = None
+    """Environment variable holding the teacher server's bearer token (none: no token)."""
+    timeout_s: Annotated[float, Range(gt=0, text="> 0 seconds")] = 300.0
+    """Longest wait for one scoring request to the teacher server."""
 
 
 @dataclass
 class AlgoConfig:
     name: AlgoName = "grpo"
-    """grpo | dr_grpo | rloo | reinforce_pp | ppo."""
-    clip_low: Annotated[float, Range(ge=0, lt=1)] = 0.2
-    """PPO ratio clip below 1."""
-    clip_high: Annotated[float, Range(ge=0, text="a finite number >= 0 (0.2, or 0.28 for DAPO's clip-higher)")] = 0.2
-    """PPO ratio clip above 1 (DAPO clip-higher: 0.28)."""
+    """grpo | dr_grpo | rloo | reinforce_pp | ppo | distill (on-policy distillation: the per-token reverse KL to algo.teacher is the reward)."""
+    policy_loss: PolicyLoss = "ppo"
+    """The policy objective: ppo (clipped token ratio) | gspo (sequence ratio, Zheng et al. 2025) | gspo_token (GSPO with per-token advantages) | cispo (clipped, stop-gradient IS weight on every token, MiniMax-M1)."""
+    clip_low: Annotated[float | None, Range(ge=0, le=1)] = None
+    """Ratio clip below 1: the ratio (ppo, gspo) or the IS weight (cispo; 1 = no lower bound) is kept above 1 - clip_low; none = the objective's own (objective_defaults)."""
+    clip_high: Annotated[float | None, Range(ge=0, text="a finite number >= 0 (0.2, or 0.28 for DAPO's clip-higher)")] = None
+    """Ratio clip above 1 (DAPO clip-higher: 0.28); none = the objective's own: 0.2 for ppo, 4e-4 for gspo (3e-4 below), 5 for cispo."""
     dual_clip: Annotated[float | None, Range(gt=1, text="> 1 (3.0 is usual)")] = None
     """Dual-clip constant c > 1 for negative advantages; none disables."""
-    loss_agg: LossAgg = "token-mean"
-    """token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr. GRPO's default)."""
+    loss_agg: LossAgg | None = None
+    """token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr. GRPO's); none = the objective's own: seq-mean-token-mean for gspo and gspo_token (GSPO's 1/|y| per sequence), token-mean otherwise."""
     kl_coef: Annotated[float, Range(ge=0, text="a finite number >= 0 (0 disables the reference model)")] = 0.0
     """KL coefficient; 0 disables the reference model entirely."""
     kl_estimator: KLKind = "k3"
@@ -66,6 +99,15 @@ class AlgoConfig:
     behav_imp_cap: Annotated[float | None, Range(gt=0, text="> 0 (e.g. 5.0)")] = None
     """Decoupled PPO: tokens whose behaviour importance weight (proximal / behaviour) exceeds this are dropped from the loss; none = no cap."""
 
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """On-policy distillation's teacher (algo.teacher.path or algo.teacher.url)."""
+    distill_coef: Annotated[float | None, Range(ge=0, text="a finite number >= 0 or null")] = None
+    """Weight of the per-token reverse-KL reward log p_teacher - log p_student; none = 1 with algo.name=distill, 0 otherwise (with grpo etc. and a teacher, it is added to the task advantages)."""
+    turn_advantage: bool = False
+    """Turn-level credit (group estimators): the reward functions' per-turn rewards become per-turn advantages (returns over the turns left, normalised among the group's episodes at the same turn) added to the outcome advantage of each turn's tokens."""
+    turn_gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
+    """Discount over turns (group estimators, either rollout.trajectory): turn k of K gets the outcome advantage times turn_gamma^(K-1-k); it also discounts algo.turn_advantage's returns."""
+
     mismatch: Literal["auto", "tis", "mis", "none"] = "auto"
     """Correction for engine log-probs that differ from the trainer's (algo/mismatch.py): tis (truncated importance weight) | mis (masked: weight 0 outside [mismatch_cap_low, mismatch_cap]) | none; auto = tis when the engine's log-probs are not exact for the trainer's weights (vLLM, SGLang, bf16, engine.urls), none when they are."""
     mismatch_level: Literal["token", "sequence", "geometric"] = "token"
@@ -75,7 +117,32 @@ class AlgoConfig:
     mismatch_cap_low: Annotated[float, Range(ge=0, text=">= 0 (e.g. 0.5; 0 = no lower bound)")] = 0.0
     """mis: tokens (or completions) whose ratio is below this are dropped too."""
 
+    def resolved(self) -> AlgoConfig:
+        """A copy with the objective's own defaults where a key is null (config.resolve calls it)."""
+        lo, hi, agg = OBJECTIVE_DEFAULTS[self.policy_loss] if self.policy_loss in OBJECTIVE_DEFAULTS else OBJECTIVE_DEFAULTS["ppo"]
+        return dataclasses.replace(
+            self, clip_low=lo if self.clip_low is None else self.clip_low, clip_high=hi if self.clip_high is None else self.clip_high,
+            loss_agg=agg if self.loss_agg is None else self.loss_agg,
+            distill_coef=(1.0 if self.name == "distill" else 0.0) if self.distill_coef is None else self.distill_coef,
+        )
+
     def check(self) -> None:
+        if self.policy_loss != "cispo" and self.clip_low is not None and self.clip_low >= 1:
+            raise ConfigError(f"algo.clip_low={self.clip_low} must be below 1 for algo.policy_loss={self.policy_loss} "
+                              "(the ratio's lower bound 1 - clip_low must be positive); 1 means no lower bound only for cispo")
+        if self.dual_clip is not None and self.policy_loss != "ppo":
+            raise ConfigError(f"algo.dual_clip bounds PPO's clipped surrogate; algo.policy_loss={self.policy_loss} has none: drop algo.dual_clip")
+        has_teacher = self.teacher.path is not None or self.teacher.url is not None
+        if self.teacher.path is not None and self.teacher.url is not None:
+            raise ConfigError("algo.teacher.path and algo.teacher.url are both set; keep one (a model to load, or a server to ask)")
+        if self.name == "distill" and not has_teacher:
+            raise ConfigError("algo.name=distill needs a teacher: set algo.teacher.path=DIR (a model) or algo.teacher.url=URL (an engine server)")
+        if self.name == "distill" and self.distill_coef == 0:
+            raise ConfigError("algo.name=distill with algo.distill_coef=0 has no advantage to train on (the teacher's reward is all of it); "
+                              "drop algo.distill_coef (1) or set it above 0")
+        if has_teacher and self.name != "distill" and not self.distill_coef:
+            raise ConfigError(f"algo.teacher is set but algo.name={self.name} with algo.distill_coef=0 never asks it; "
+                              "set algo.name=distill, or algo.distill_coef=0.5 to add the teacher's reward to the task's")
         if self.mismatch_cap is not None and self.mismatch_cap_low >= self.mismatch_cap:
             raise ConfigError(f"algo.mismatch_cap_low={self.mismatch_cap_low} must be below algo.mismatch_cap={self.mismatch_cap}; lower it")
         if self.behav_imp_cap is not None and self.mismatch not in ("auto", "none"):

@@ -14,6 +14,15 @@ What is here, and the papers it follows:
     exp(old_logp - behav_logp). With `behav_imp_cap`, tokens whose weight exceeds the cap get
     weight 0 but stay in the denominator of the aggregation -- exactly as AReaL does.
   The log-ratio is clamped to [-20, 20] before the exp (verl) so the ratio is never inf.
+- `gspo_loss`: GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", Qwen): one
+  importance ratio per sequence, the length-normalised geometric mean of its token ratios
+  s = exp(mean_t(logp - old_logp)), clipped per sequence; `token=True` is GSPO-token, whose
+  per-token ratio sg(s) * p / sg(p) has the value s and lets each token carry its own advantage
+  (with one advantage per sequence both give the same gradient).
+- `cispo_loss`: CISPO (MiniMax-M1, 2025): the importance-sampling weight itself is clipped and
+  detached, w = sg(clip(r, 1 - clip_low, 1 + clip_high)), and the loss -A * w * logp keeps every
+  token's gradient (PPO zeroes the gradient of a clipped token).
+- `POLICY_LOSSES`: `algo.policy_loss` -> one of the three (same call signature).
 - `value_loss`: PPO's clipped value loss 0.5 * max((V - R)^2, (clip(V, V_old +- clip) - R)^2).
 - `entropy_from_logits`: entropy of the softmax, in float32, chunked over rows to bound memory.
 - `kl_loss`: a KL estimator (k1/k2/k3, see advantages.kl_estimate) as a loss term (GRPO's KL
@@ -31,6 +40,8 @@ Run the tests: `python -m pytest tests/unit/test_losses.py -q`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from seekrl.algo.advantages import kl_estimate
@@ -42,6 +53,9 @@ __all__ = [
     "masked_mean",
     "aggregate",
     "policy_loss",
+    "gspo_loss",
+    "cispo_loss",
+    "POLICY_LOSSES",
     "value_loss",
     "entropy_from_logits",
     "kl_loss",
@@ -105,6 +119,20 @@ def _frac(flag_BT: torch.Tensor, m_BT: torch.Tensor) -> float:
     return float((flag_BT & m_BT).sum().item() / max(int(m_BT.sum().item()), 1))
 
 
+def _check_objective_inputs(logp_BT, old_logp_BT, adv_BT, mask_BT, is_weight_BT) -> torch.Tensor:
+    """Shapes checked; adv as (B, T) (a (B,) advantage broadcast over tokens), detached."""
+    _check_same_shape("logp_BT", logp_BT, "mask_BT", mask_BT)
+    _check_same_shape("old_logp_BT", old_logp_BT, "mask_BT", mask_BT)
+    if is_weight_BT is not None:
+        _check_same_shape("is_weight_BT", is_weight_BT, "mask_BT", mask_BT)
+    if adv_BT.dim() == 1:
+        if adv_BT.shape[0] != logp_BT.shape[0]:
+            raise ValueError(f"adv_B has {adv_BT.shape[0]} rows but logp_BT has {logp_BT.shape[0]}")
+        adv_BT = adv_BT[:, None].expand(logp_BT.shape)
+    _check_same_shape("adv_BT", adv_BT, "mask_BT", mask_BT)
+    return adv_BT.detach().to(logp_BT.dtype)
+
+
 def policy_loss(
     logp_BT: torch.Tensor,
     old_logp_BT: torch.Tensor,
@@ -146,16 +174,8 @@ def policy_loss(
         raise ValueError(f"behav_imp_cap must be > 0, got {behav_imp_cap}")
     if behav_imp_cap is not None and behav_logp_BT is None:
         raise ValueError("behav_imp_cap needs behav_logp_BT (decoupled PPO)")
-    _check_same_shape("logp_BT", logp_BT, "mask_BT", mask_BT)
-    _check_same_shape("old_logp_BT", old_logp_BT, "mask_BT", mask_BT)
-    if adv_BT.dim() == 1:
-        if adv_BT.shape[0] != logp_BT.shape[0]:
-            raise ValueError(f"adv_B has {adv_BT.shape[0]} rows but logp_BT has {logp_BT.shape[0]}")
-        adv_BT = adv_BT[:, None].expand(logp_BT.shape)
-    _check_same_shape("adv_BT", adv_BT, "mask_BT", mask_BT)
-
+    adv_BT = _check_objective_inputs(logp_BT, old_logp_BT, adv_BT, mask_BT, is_weight_BT)
     m_BT = mask_BT.bool()
-    adv_BT = adv_BT.detach().to(logp_BT.dtype)
     old_logp_BT = old_logp_BT.detach()
     log_ratio_BT = logp_BT - old_logp_BT  # (B, T)
     ratio_BT = torch.exp(log_ratio_BT.clamp(-20.0, 20.0))  # (B, T)
@@ -181,7 +201,6 @@ def policy_loss(
         stats["behav_cap_frac"] = wstats["masked_frac"]
         loss_BT = loss_BT * w_BT
     if is_weight_BT is not None:
-        _check_same_shape("is_weight_BT", is_weight_BT, "mask_BT", mask_BT)
         loss_BT = loss_BT * is_weight_BT.detach().to(loss_BT.dtype)
 
     loss = aggregate(loss_BT, m_BT, agg, norm_const)
@@ -200,6 +219,133 @@ def policy_loss(
             ratio_max=float(ratio_BT[m_BT].max().item()) if n_valid else 0.0,
         )
     return loss, stats
+
+
+def gspo_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    adv_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    agg: str = "seq-mean-token-mean",
+    norm_const: float | None = None,
+    is_weight_BT: torch.Tensor | None = None,
+    token: bool = False,
+    **_unused,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO's clipped surrogate with a sequence-level ratio (Zheng et al. 2025), to minimize.
+
+    Per row i, over its valid tokens (mask 1): s_i = exp(mean_t(logp_it - old_logp_it)).
+      sequence (token=False): A_i = mean_t(adv_it); l_i = max(-A_i s_i, -A_i clip(s_i, 1 - clip_low, 1 + clip_high)),
+        put on each valid token of row i (so seq-mean-token-mean, the paper's 1/G sum_i, gives mean_i l_i);
+      GSPO-token (token=True): s_it = sg(s_i) * exp(logp_it - sg(logp_it)) (value s_i, gradient
+        s_i * grad logp_it); l_it = max(-A_it s_it, -A_it clip(s_it, ...)).
+    `is_weight_BT` (mismatch / decoupled weights, detached) multiplies the token losses (for the
+    sequence form, whose loss is the same on each token, that weighs row i by the mean of its
+    tokens' weights); then `aggregate(l, mask_BT, agg, norm_const)`. Rows without valid tokens
+    contribute nothing.
+    stats: clip_frac (valid tokens whose sequence ratio is clipped: zero gradient),
+    clip_frac_low, clip_frac_high, dual_clip_frac (0), approx_kl (token k2), ratio_mean and
+    ratio_max (of the sequence ratios, over rows with a valid token).
+    """
+    if not (0.0 <= clip_low < 1.0):
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if clip_high < 0.0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    adv_BT = _check_objective_inputs(logp_BT, old_logp_BT, adv_BT, mask_BT, is_weight_BT)
+    m_BT = mask_BT.bool()
+    mf_BT = m_BT.to(logp_BT.dtype)
+    logp_BT = torch.where(m_BT, logp_BT, torch.zeros_like(logp_BT))  # padding may hold -inf / nan
+    log_ratio_BT = torch.where(m_BT, logp_BT - old_logp_BT.detach(), torch.zeros_like(logp_BT))
+    n_B = mf_BT.sum(-1)  # (B,)
+    seq_log_ratio_B = (log_ratio_BT.sum(-1) / n_B.clamp(min=1)).clamp(-20.0, 20.0)  # (B,)
+    lo, hi = 1.0 - clip_low, 1.0 + clip_high
+    if token:
+        s_BT = torch.exp(seq_log_ratio_B.detach())[:, None] * torch.exp(logp_BT - logp_BT.detach())  # (B, T)
+        a_BT = adv_BT
+    else:
+        s_BT = torch.exp(seq_log_ratio_B)[:, None].expand(logp_BT.shape)  # (B, T): the row's ratio on each token
+        a_BT = ((adv_BT * mf_BT).sum(-1) / n_B.clamp(min=1))[:, None].expand(logp_BT.shape)
+    loss_unclipped_BT = -a_BT * s_BT
+    loss_clipped_BT = -a_BT * s_BT.clamp(lo, hi)
+    loss_BT = torch.maximum(loss_unclipped_BT, loss_clipped_BT)
+    if is_weight_BT is not None:
+        loss_BT = loss_BT * is_weight_BT.detach().to(loss_BT.dtype)
+    loss = aggregate(loss_BT, m_BT, agg, norm_const)
+    with torch.no_grad():
+        s_B = torch.exp(seq_log_ratio_B.detach())
+        is_clipped_BT = loss_clipped_BT > loss_unclipped_BT
+        has_B = n_B > 0
+        stats = dict(
+            clip_frac=_frac(is_clipped_BT, m_BT),
+            clip_frac_low=_frac(is_clipped_BT & (s_B[:, None] < lo), m_BT),
+            clip_frac_high=_frac(is_clipped_BT & (s_B[:, None] > hi), m_BT),
+            dual_clip_frac=0.0,
+            approx_kl=float(masked_mean(0.5 * log_ratio_BT.detach().square(), m_BT).item()),
+            ratio_mean=float(s_B[has_B].mean().item()) if bool(has_B.any()) else 1.0,
+            ratio_max=float(s_B[has_B].max().item()) if bool(has_B.any()) else 0.0,
+        )
+    return loss, stats
+
+
+def cispo_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    adv_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    clip_low: float = 1.0,
+    clip_high: float = 5.0,
+    agg: str = "token-mean",
+    norm_const: float | None = None,
+    is_weight_BT: torch.Tensor | None = None,
+    **_unused,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1, 2025), to minimize: l = -A * sg(clip(r, 1 - clip_low, 1 + clip_high)) * logp.
+
+    r = exp(logp - old_logp) per token (log-ratio clamped to [-20, 20]); clip_low = 1 leaves the
+    weight unbounded below (the paper's choice). The weight is detached, so every valid token
+    keeps the gradient -A * w * grad logp, clipped or not. `is_weight_BT` (mismatch / decoupled
+    weights) multiplies it; then `aggregate(l, mask_BT, agg, norm_const)`.
+    stats: clip_frac (valid tokens whose weight was clipped; they still train), clip_frac_low,
+    clip_frac_high, dual_clip_frac (0), approx_kl, ratio_mean, ratio_max (of r).
+    """
+    if not (0.0 <= clip_low <= 1.0):
+        raise ValueError(f"clip_low must be in [0, 1], got {clip_low}")
+    if clip_high < 0.0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    adv_BT = _check_objective_inputs(logp_BT, old_logp_BT, adv_BT, mask_BT, is_weight_BT)
+    m_BT = mask_BT.bool()
+    log_ratio_BT = logp_BT.detach() - old_logp_BT.detach()
+    ratio_BT = torch.exp(log_ratio_BT.clamp(-20.0, 20.0))
+    lo, hi = 1.0 - clip_low, 1.0 + clip_high
+    w_BT = ratio_BT.clamp(lo, hi)
+    if is_weight_BT is not None:
+        w_BT = w_BT * is_weight_BT.detach().to(w_BT.dtype)
+    logp_safe_BT = torch.where(m_BT, logp_BT, torch.zeros_like(logp_BT))  # padding may hold -inf
+    loss_BT = -adv_BT * w_BT * logp_safe_BT
+    loss = aggregate(loss_BT, m_BT, agg, norm_const)
+    with torch.no_grad():
+        low_BT, high_BT = ratio_BT < lo, ratio_BT > hi
+        n_valid = int(m_BT.sum().item())
+        stats = dict(
+            clip_frac=_frac(low_BT | high_BT, m_BT),
+            clip_frac_low=_frac(low_BT, m_BT),
+            clip_frac_high=_frac(high_BT, m_BT),
+            dual_clip_frac=0.0,
+            approx_kl=float(masked_mean(0.5 * log_ratio_BT.square(), m_BT).item()),
+            ratio_mean=float(masked_mean(ratio_BT, m_BT).item()),
+            ratio_max=float(ratio_BT[m_BT].max().item()) if n_valid else 0.0,
+        )
+    return loss, stats
+
+
+POLICY_LOSSES = {
+    "ppo": policy_loss,
+    "gspo": gspo_loss,
+    "gspo_token": functools.partial(gspo_loss, token=True),
+    "cispo": cispo_loss,
+}
 
 
 def value_loss(

@@ -1,8 +1,16 @@
 """The `data:` config section: which tasks to train and evaluate on, and how rows become prompts.
-data/sets.py reads it (`load_task_sets`)."""
+data/sets.py reads it (`load_task_sets`).
+
+`data.train` is one source (a string, as `data.eval`), or a mixture: a list of sources with
+weights, each step's tasks drawn from them by weight (data/mixture.py):
+
+    data:
+      train: [{name: hotpotqa.jsonl, weight: 0.7}, {name: nq.jsonl, weight: 0.3}]
+"""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,16 +20,26 @@ from seekrl.data.tiny import KINDS
 from seekrl.errors import ConfigError
 from seekrl.schema import did_you_mean
 
-__all__ = ["DataConfig", "DATA_SLICE", "TINY_ROWS"]
+__all__ = ["DataConfig", "DataSource", "DATA_SLICE", "TINY_ROWS"]
 
 DATA_SLICE = re.compile(r"^(?P<spec>.+)\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")  # 'hotpotqa[200:]'
 TINY_ROWS = 512  # rows of a tiny:<kind> source when it is sliced (data/sets.py)
 
 
 @dataclass
+class DataSource:
+    """One source of a `data.train` mixture."""
+
+    name: str = ""
+    """The source, in any form data.train takes as a string (a builtin, a file, a slice, several joined by commas)."""
+    weight: float = 1.0
+    """Its share of each step's tasks, relative to the other sources' weights (>= 0)."""
+
+
+@dataclass
 class DataConfig:
-    train: str = "tiny:copy"
-    """Training tasks: a builtin ('gsm8k', 'gsm8k:test', 'math500', 'hotpotqa', 'tiny:copy', ...), a .jsonl/.json/.parquet file or datasets folder; several joined by commas; a trailing [a:b] slices the rows ('hotpotqa[200:]')."""
+    train: str | list[DataSource] = "tiny:copy"
+    """Training tasks: a builtin ('gsm8k', 'gsm8k:test', 'math500', 'hotpotqa', 'tiny:copy', ...), a .jsonl/.json/.parquet file or datasets folder; several joined by commas; a trailing [a:b] slices the rows ('hotpotqa[200:]'). A mixture: a list of sources with weights, [{name: hotpotqa.jsonl, weight: 0.7}, {name: nq.jsonl, weight: 0.3}], each step's tasks drawn by weight."""
     eval: str | None = None
     """Evaluation tasks (same forms as `train`); none disables evaluation."""
     converter: Literal["auto", "verl", "gsm8k", "math", "qa", "fields"] = "auto"
@@ -47,11 +65,37 @@ class DataConfig:
         """data.train / data.eval: every comma-separated source's trailing [start:stop] holds integers
         and can select rows (a slice empty whatever the source holds is refused here, others when the
         data loads); tiny:<kind> names a kind that exists."""
-        if not self.train.strip():
+        if isinstance(self.train, list):
+            specs = _check_mixture(self.train)
+        elif not self.train.strip():
             raise ConfigError("data.train is empty; name a data set (e.g. data.train=gsm8k or data.train=tiny:copy)")
-        for key, spec in (("data.train", self.train), ("data.eval", self.eval or "")):
+        else:
+            specs = [("data.train", self.train)]
+        for key, spec in (*specs, ("data.eval", self.eval or "")):
             for part in (x.strip() for x in spec.split(",")):
                 _check_source(key, part)
+
+
+def _check_mixture(sources: list[DataSource]) -> list[tuple[str, str]]:
+    """A mixture's sources: names given once, weights finite and >= 0, not all 0; (key, name) of each."""
+    example = "[{name: hotpotqa.jsonl, weight: 0.7}, {name: nq.jsonl, weight: 0.3}]"
+    if not sources:
+        raise ConfigError(f"data.train is an empty list; name a data set, or list sources with weights: {example}")
+    seen: dict[str, int] = {}
+    for i, s in enumerate(sources):
+        name = s.name.strip()
+        if not name:
+            raise ConfigError(f"data.train[{i}].name is empty; name the source's data set or file, e.g. {example}")
+        if not math.isfinite(s.weight) or s.weight < 0:
+            raise ConfigError(f"data.train[{i}].weight: must be a finite number >= 0, got {s.weight} ('{name}'); weights are "
+                              "relative shares of each step's tasks (e.g. 0.7 and 0.3)")
+        if name in seen:
+            raise ConfigError(f"data.train[{i}]: '{name}' is listed twice (also data.train[{seen[name]}]); list it once, with "
+                              "the weights added")
+        seen[name] = i
+    if not any(s.weight > 0 for s in sources):
+        raise ConfigError("data.train: every weight is 0, so no task can be drawn; give at least one source a weight > 0")
+    return [(f"data.train[{i}]", s.name) for i, s in enumerate(sources)]
 
 
 def _check_source(key: str, part: str) -> None:

@@ -42,7 +42,7 @@ ID_KEYS = ("id", "_id", "unique_id")
 # Fields that hold (or give away) the ground truth: never substituted into a prompt.
 GROUND_TRUTH_KEYS = frozenset(
     ANSWER_KEYS
-    + ("answer_aliases", "solution", "reward_model", "ground_truth", "target", "question_decomposition")
+    + ("answer_aliases", "solution", "reward_model", "ground_truth", "target", "question_decomposition", "rubrics")
 )
 
 

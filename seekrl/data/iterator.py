@@ -90,6 +90,9 @@ class TaskIterator:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved position (the saved seed replaces this iterator's seed)."""
+        if state.get("kind") == "mixture":
+            raise ValueError("the saved data state is of a mixture (data.train a list of sources with weights), not one data "
+                             "order; resume with that data.train, or start a new run")
         missing = {"epoch", "index", "seed"} - set(state)
         if missing:
             raise ValueError(f"iterator state lacks {', '.join(sorted(missing))}; got keys {', '.join(state)}")

@@ -7,6 +7,11 @@ Everything here fails fast on bad input (missing data file, malformed row), befo
 loads. `data.train` / `data.eval` may join several sources with commas, and each may end in a
 slice of its rows, `hotpotqa[:200]` / `hotpotqa[200:]`, to train and evaluate on disjoint parts
 of one file (taken before `data.max_train` / `data.max_eval`, which apply to each source).
+
+`data.train` as a list of `{name, weight}` is a mixture: each source loads as above (a failure
+names its entry, `data.train[1]: nq.jsonl:3: ...`), and a `MixtureIterator` (data/mixture.py)
+draws each step's tasks from them by weight. `TaskSets.train` then holds every source's tasks;
+`load_split` of a mixture (seekrl generate) is all of them, weights aside.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from typing import Callable
 
 from rich.console import Console
 
-from seekrl.data.config import DATA_SLICE, DataConfig
+from seekrl.data.config import DATA_SLICE, DataConfig, DataSource
 from seekrl.data.iterator import TaskIterator
 from seekrl.data.loaders import load_tasks
+from seekrl.data.mixture import MixtureIterator
 from seekrl.data.templates import get_template
 from seekrl.data.tiny import make_tiny_tasks, tiny_corpus
 from seekrl.errors import DataError
@@ -29,9 +35,11 @@ from seekrl.types import Task
 __all__ = ["TaskSets", "load_split", "load_task_sets", "tiny_texts_of"]
 
 
-def load_split(spec: str, d: DataConfig, split_default: str, limit: int | None, seed: int = 0) -> list[Task]:
-    """One source, or several joined by commas ("nq_open,hotpotqa"): `limit` applies to each
-    (module docstring); `seed` seeds the tiny tasks."""
+def load_split(spec: str | list[DataSource], d: DataConfig, split_default: str, limit: int | None, seed: int = 0) -> list[Task]:
+    """One source, or several joined by commas ("nq_open,hotpotqa"), or a mixture's sources one
+    after the other: `limit` applies to each (module docstring); `seed` seeds the tiny tasks."""
+    if isinstance(spec, list):
+        return [t for ts in _mixture_sources(spec, d, split_default, limit, seed).values() for t in ts]
     if "," in spec:
         return [t for part in spec.split(",") if part.strip() for t in load_split(part.strip(), d, split_default, limit, seed)]
     m = DATA_SLICE.match(spec)
@@ -59,7 +67,7 @@ def load_split(spec: str, d: DataConfig, split_default: str, limit: int | None, 
 class TaskSets:
     train: list[Task]
     eval: list[Task]
-    iterator: TaskIterator
+    iterator: TaskIterator | MixtureIterator
     tiny_texts: list[str] = field(default_factory=list)  # the texts a tiny model's tokenizer is trained on
     dropped: int = 0
 
@@ -74,17 +82,40 @@ class TaskSets:
             Console(stderr=True).print(f"dropped {self.dropped} training tasks longer than {max_tokens} prompt tokens")
             self.train = keep
             it = self.iterator
-            self.iterator = TaskIterator(keep, it.batch_size, seed=it.seed, shuffle=it.shuffle)
+            if isinstance(it, MixtureIterator):
+                kept = {id(t) for t in keep}
+                self.iterator = it.filtered(lambda t: id(t) in kept)
+            else:
+                self.iterator = TaskIterator(keep, it.batch_size, seed=it.seed, shuffle=it.shuffle)
 
 
 def load_task_sets(d: DataConfig, *, seed: int, tasks_per_step: int, tiny: bool = False, tools: bool = False) -> TaskSets:
     """`data.train` (ordered by a TaskIterator of `tasks_per_step` tasks, seeded by `seed`) and
     `data.eval`; `tiny`: also the texts a tiny model's tokenizer is trained on (with every
     printable character when `tools`: tool output may hold any)."""
-    train = load_split(d.train, d, "train", d.max_train, seed)
-    evals = load_split(d.eval, d, "test", d.max_eval, seed) if d.eval else []
-    iterator = TaskIterator(train, tasks_per_step, seed=seed, shuffle=d.shuffle)
+    if isinstance(d.train, list):  # a mixture: each step's tasks drawn from the sources by weight
+        sources = _mixture_sources(d.train, d, "train", d.max_train, seed)
+        train = [t for ts in sources.values() for t in ts]
+        evals = load_split(d.eval, d, "test", d.max_eval, seed) if d.eval else []
+        weights = {s.name.strip(): s.weight for s in d.train}
+        iterator: TaskIterator | MixtureIterator = MixtureIterator(sources, weights, tasks_per_step, seed=seed, shuffle=d.shuffle)
+    else:
+        train = load_split(d.train, d, "train", d.max_train, seed)
+        evals = load_split(d.eval, d, "test", d.max_eval, seed) if d.eval else []
+        iterator = TaskIterator(train, tasks_per_step, seed=seed, shuffle=d.shuffle)
     return TaskSets(train, evals, iterator, tiny_texts_of(train + evals, tools) if tiny else [])
+
+
+def _mixture_sources(sources: list[DataSource], d: DataConfig, split_default: str, limit: int | None,
+                     seed: int) -> dict[str, list[Task]]:
+    """Each source of a mixture loaded (`load_split`), by name; a DataError names its entry."""
+    out: dict[str, list[Task]] = {}
+    for i, s in enumerate(sources):
+        try:
+            out[s.name.strip()] = load_split(s.name.strip(), d, split_default, limit, seed)
+        except DataError as e:
+            raise DataError(f"data.train[{i}]: {e}") from None
+    return out
 
 
 def tiny_texts_of(tasks: list[Task], tools: bool = False) -> list[str]:

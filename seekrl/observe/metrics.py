@@ -5,7 +5,7 @@ the integration tests check that every key their runs log is documented here (`u
 so the table cannot fall behind the code. A name may hold placeholders: `<part>` a reward part
 (a rubric name, or `name/part` of a RewardResult), `<source>` a data source, `<kind>` a task's
 meta kind, `<scope>` a source or kind, `<tool>` a tool name, `<k>` an integer, `<metric>` any
-evaluation metric above it.
+evaluation metric above it, `<status>` a trajectory status.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "reward/min": ("rl", "lowest reward"),
     "reward/max": ("rl", "highest reward"),
     "reward/<part>": ("rl", "mean of one unweighted reward part (qa_em, search_r1/em, ...)"),
+    "reward/judge/rubric_items": ("rl", "judge reward: rubric items scored per trajectory (0 for tasks without rubrics)"),
+    "reward/judge/item_<k>": ("rl", "judge reward: score of rubric item k (the row's order), mean over the step's trajectories (0 where the task has fewer items); each trajectory's own in its reward_parts"),
     "reward/<source>/mean": ("rl", "mean reward per data source, when the step mixes several"),
+    "reward/<source>/em": ("rl", "exact match per data source, when the step mixes several and the rubric has an EM part (qa_em, or a <name>/em part such as search_r1/em)"),
     "response_len/mean": ("rl", "tokens after the prompt per trajectory, sampled and inserted (also /std /min /max)"),
     "response_len/std": ("rl", "std of response_len"),
     "response_len/min": ("rl", "shortest response"),
@@ -38,12 +41,14 @@ METRICS: dict[str, tuple[str, str]] = {
     "rollout/obs_tokens": ("rl", "inserted observation tokens per episode"),
     "rollout/truncated_obs": ("rl", "observations cut to rollout.max_obs_tokens per episode"),
     "rollout/unmasked_inserted_tokens": ("rl", "inserted tokens trained on (rollout.mask_observations=false) per episode"),
+    "rollout/prefix_breaks": ("rl", "rollout.trajectory=stepwise: turns per episode whose prompt is not the previous prompt + the tokens since (the chat template re-rendered the history)"),
     "rollout/sampled_tokens": ("rl", "tokens the policy sampled per episode"),
     "rollout/response_len": ("rl", "tokens after the prompt per episode (the workflow's count)"),
     "rollout/truncated": ("rl", "single-turn: the completion hit max_new_tokens"),
     "rollout/kept_frac": ("rl", "algo.filter_zero_std: fraction of trajectories in groups with reward spread"),
     "rollout/excluded/engine_error": ("rl", "trajectories left out because the engine failed their request (not learned from)"),
     "rollout/excluded/tool_unavailable": ("rl", "trajectories left out because a tool's server could not be reached"),
+    "rollout/excluded/reward_unavailable": ("rl", "trajectories left out because a judge reward could not score them (refused, timeout, 5xx, unreadable replies after retries)"),
     "rollout/excluded/version_mismatch": ("rl", "trajectories left out for a token from a weight version the trainer did not publish"),
     "rollout/excluded_frac": ("rl", "fraction of the step's trajectories left out for an infrastructure failure"),
     "mismatch/kl": ("rl", "k3 estimate of KL(engine || trainer) on fresh sampled tokens (0 when they agree)"),
@@ -85,6 +90,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "entropy": ("rl", "mean entropy of the policy at the trained tokens"),
     "kl": ("rl", "mean KL(old || reference) per sampled token (approx_kl without a reference)"),
     "kl_coef": ("rl", "the KL coefficient this step (algo.kl_target moves it)"),
+    "distill/reverse_kl": ("rl", "on-policy distillation: mean log p_student - log p_teacher per sampled token (algo.teacher; 0 when they agree)"),
     "lr": ("rl, sft", "learning rate this step"),
     "train/nonfinite_skipped": ("rl, sft", "1 when an update of the step was skipped for a nan/inf loss or gradient norm"),
     "train/nonfinite_skipped_total": ("rl, sft", "such steps over the run"),
@@ -116,12 +122,14 @@ METRICS: dict[str, tuple[str, str]] = {
     "eval/well_formed": ("rl, eval", "episodes that ended with an answer after well-formed tool calls only"),
     "eval/response_len": ("rl, eval", "tokens after the prompt per episode"),
     "eval/<part>": ("rl, eval", "mean of one reward part"),
+    "eval/excluded/<status>": ("rl, eval", "samples left out of the scores for an infrastructure failure (engine_error, tool_unavailable, reward_unavailable)"),
+    "eval/excluded_frac": ("rl, eval", "fraction of the samples left out for an infrastructure failure"),
     "eval/<scope>/<metric>": ("rl, eval", "any of the above per data source (when several) and per task kind"),
 }
 
 
 def _pattern(name: str) -> re.Pattern:
-    parts = {"part": r"[\w.:-]+(?:/[\w.:-]+)?", "source": r"[\w.:-]+", "kind": r"[\w.:-]+", "scope": r"[\w.:-]+",
+    parts = {"part": r"[\w.:-]+(?:/[\w.:-]+)?", "source": r"[\w.:-]+", "kind": r"[\w.:-]+", "scope": r"[\w.:-]+", "status": r"\w+",
              "tool": r"[\w.:-]+", "k": r"\d+", "metric": r"[\w.:@-]+(?:/[\w.:-]+)?"}
     out = re.sub(r"<(\w+)>", lambda m: f"(?:{parts[m.group(1)]})", re.escape(name).replace(r"\<", "<").replace(r"\>", ">"))
     return re.compile(f"^{out}$")

@@ -8,6 +8,10 @@ One JSON object per trajectory, decoded from token ids (never the reverse):
      "num_prompt_tokens", "num_completion_tokens", "num_sampled_tokens",
      "policy_versions": [the versions that sampled its tokens; several in async runs]}
 
+With per-turn rewards the record has `turn_rewards`; a stepwise trajectory (rollout.trajectory=
+stepwise) has `turn_prompts`: per turn, the prompt the engine was given where it is not the prompt
+and completion before the turn (a re-rendered history), else null.
+
 `segments` are the maximal runs of equal loss_mask, each decoded on its own: `masked: true`
 marks inserted text (tool output, environment text) that is excluded from the loss. Joined,
 the segments give the completion text for tokenizers that decode token-by-token (byte-level
@@ -48,7 +52,7 @@ def trajectory_record(traj: Trajectory, tokenizer: Decoder, **extra: Any) -> dic
         {"text": tokenizer.decode(ids[a:b], skip_special_tokens=False), "masked": masked}
         for a, b, masked in mask_runs(traj.loss_mask)
     ]
-    return {
+    record = {
         "task_id": traj.task.id,
         "source": traj.task.source,
         **extra,
@@ -67,6 +71,11 @@ def trajectory_record(traj: Trajectory, tokenizer: Decoder, **extra: Any) -> dic
         # the policy versions that sampled its tokens (several when async generation was cut by updates)
         "policy_versions": sorted({int(v) for v, m in zip(traj.versions, traj.loss_mask) if m and v >= 0}),
     }
+    if traj.turn_rewards is not None:
+        record["turn_rewards"] = [float(r) for r in traj.turn_rewards]
+    if traj.turn_prompts is not None:
+        record["turn_prompts"] = [None if p is None else tokenizer.decode(list(p), skip_special_tokens=False) for p in traj.turn_prompts]
+    return record
 
 
 def write_trajectories(

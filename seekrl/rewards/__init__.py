@@ -2,11 +2,13 @@
 
 math.py (math-verify equivalence, GSM8K numbers), qa.py (EM / F1 / substring over aliases),
 shaping.py (format, tag count, reasoning steps, cosine length, repetition, overlong) and
-rubric.py (the name registry and the weighted `Rubric`). base.py holds the contract (`RewardFn`,
-`RewardResult`, and `Scorer`, what workflows score with).
+rubric.py (the name registry and the weighted `Rubric`), judge.py (an LLM judge over an
+OpenAI-compatible endpoint, and rubric items; judge_client.py its HTTP, retries and cache).
+base.py holds the contract (`RewardFn`, `RewardResult`, and `Scorer`, what workflows score with).
 """
 
-from seekrl.rewards.base import RewardFn, RewardResult, Scorer
+from seekrl.rewards.base import RewardFn, RewardResult, Scorer, TurnContext
+from seekrl.rewards.judge import make_judge_reward, rubric_items
 from seekrl.rewards.math import extract_boxed, gsm8k_accuracy, gsm8k_answer, math_accuracy
 from seekrl.rewards.qa import (
     exact_match,
@@ -43,6 +45,7 @@ __all__ = [
     "RewardResult",
     "Rubric",
     "Scorer",
+    "TurnContext",
     "exact_match",
     "extract_answer",
     "extract_boxed",
@@ -52,6 +55,7 @@ __all__ = [
     "gsm8k_answer",
     "make_cosine_length_reward",
     "make_format_reward",
+    "make_judge_reward",
     "make_repetition_penalty_reward",
     "make_soft_overlong_reward",
     "make_tag_count_reward",
@@ -62,6 +66,7 @@ __all__ = [
     "reasoning_steps_reward",
     "register_reward",
     "resolve_reward",
+    "rubric_items",
     "subem",
     "substring_match",
     "tag_count_reward",

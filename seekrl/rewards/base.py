@@ -5,9 +5,26 @@ A reward function reads the completion and the task's ground truth, never the pr
     fn(completion: str, task: Task, **ctx) -> float | RewardResult      (sync, or async)
 
 `ctx` holds what the rollout knows about the sample: `num_tokens` (sampled length),
-`max_tokens` (the budget), `finish_reason`; a function ignores the keys it does not use. A
-`RewardResult` carries named parts next to its total (search_r1's em / valid_format /
-retrieved_gold), logged as `reward/<name>/<part>`.
+`max_tokens` (the budget), `finish_reason`, and from the tool agent `turns` (one `TurnContext`
+per engine call: the turn's sampled text and the tools it called with what they returned); a
+function ignores the keys it does not use. A `RewardResult` carries named parts next to its
+total (search_r1's em / valid_format / retrieved_gold), logged as `reward/<name>/<part>`.
+
+Per-turn rewards: a function may also return `RewardResult(total, turn_rewards=[r_0, ...])`,
+one value per turn of `ctx["turns"]` (e.g. `retrieved_gold_turn`: 1 on the first search turn
+whose results hold a gold answer). The Rubric weighs them like the totals and stores their sum
+per turn on the Trajectory (`turn_rewards`); `algo.turn_advantage` turns them into per-turn
+advantages (algo/advantages.py `turn_advantages`). By convention `total` is their sum (the
+episode's return), so the outcome reward counts them once. A function that gives them sets the
+attribute `per_turn = True`, which lets a run with `algo.turn_advantage` check its rubric before
+the model loads.
+
+A reward that depends on a service (the LLM `judge`, rewards/judge.py) raises
+`RewardUnavailable` when the service cannot answer; the Rubric then returns a result with
+`unavailable` set (the reason) instead of raising, and the workflow gives the trajectory the
+status `reward_unavailable`: an infrastructure failure, left out of the update and counted
+(`rollout/excluded/reward_unavailable`), never scored 0. Workflows pass the trajectory's
+`status` in `ctx`, so a paid reward can skip trajectories that are left out anyway.
 
 A `Scorer` is what workflows call: `Rubric` (rewards/rubric.py, weighted reward functions by
 name) is the one seekrl ships; anything with the same two methods and `names` can stand in for it
@@ -22,15 +39,26 @@ from typing import Any, Protocol, runtime_checkable
 
 from seekrl.types import Task
 
-__all__ = ["RewardResult", "RewardFn", "Scorer"]
+__all__ = ["RewardResult", "RewardFn", "Scorer", "TurnContext"]
 
 
 @dataclass
 class RewardResult:
-    """A reward with its named parts (unweighted)."""
+    """A reward with its named parts (unweighted), and optionally one reward per turn."""
 
     total: float
     parts: dict[str, float] = field(default_factory=dict)
+    turn_rewards: list[float] | None = None  # one per turn of ctx["turns"] (module docstring)
+    unavailable: str | None = None  # why a reward's service (a judge) could not score it; total is then 0.0 and meaningless
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """One engine call of an episode, as a reward function sees it (`ctx["turns"]`)."""
+
+    text: str  # the turn's sampled text (decoded, special tokens skipped)
+    tools: tuple[str, ...] = ()  # the tools it called, in order (none for an answer or a malformed turn)
+    outputs: tuple[str, ...] = ()  # what each of those calls returned (the tool's text, before any truncation)
 
 
 @runtime_checkable

@@ -14,7 +14,17 @@ score (with a note naming the reward), and a non-finite or non-numeric value is 
 
 Parameters go to factories by name: `Rubric.from_names(["math", "cosine"], [1.0, 0.5],
 cosine={"max_len": 512})`. Registered factories: format, tag_count, cosine, repetition,
-overlong; a dotted path given params is called with them and must return the reward function.
+overlong, search_r1, retrieved_gold_turn, judge (an LLM judge, rewards/judge.py: its params are
+`make_judge_reward`'s, from `reward.judge_*` in `build_rubric`); a dotted path given params is
+called with them and must return the reward function.
+
+A judge that cannot answer raises `RewardUnavailable`; `score` then returns a result with
+`unavailable` set instead of raising (rewards/base.py), and the workflow leaves the trajectory
+out (status `reward_unavailable`).
+
+Per-turn rewards (rewards/base.py): a function returning `RewardResult(..., turn_rewards=[...])`
+contributes `weight · value` to each turn of the result's `turn_rewards` (None when no function
+gives any); the count must match `ctx["turns"]`.
 `cosine`'s `correct_fn` may be a reward name ("gsm8k") or a dotted path.
 
     rubric = Rubric.from_names(["qa_em", "format"], weights=[1.0, 0.2])
@@ -29,15 +39,18 @@ import difflib
 import importlib
 import inspect
 import math
+import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
-from seekrl.errors import ConfigError
+from seekrl.errors import ConfigError, RewardUnavailable
 from seekrl.rewards.base import RewardFn, RewardResult
 from seekrl.rewards.config import RewardConfig
+from seekrl.rewards.judge import DEFAULT_RUBRIC_TEMPLATE, DEFAULT_TEMPLATE, default_cache_dir, make_judge_reward, read_template
 from seekrl.rewards.math import gsm8k_accuracy, math_accuracy
 from seekrl.rewards.qa import qa_em, qa_f1, subem
-from seekrl.rewards.search import make_search_r1_reward
+from seekrl.rewards.search import make_retrieved_gold_turn_reward, make_search_r1_reward
 from seekrl.rewards.shaping import (
     boxed_reward,
     format_reward,
@@ -61,6 +74,8 @@ REWARD_FACTORIES: dict[str, Callable[..., RewardFn]] = {
     "repetition": make_repetition_penalty_reward,
     "overlong": make_soft_overlong_reward,
     "search_r1": make_search_r1_reward,
+    "retrieved_gold_turn": make_retrieved_gold_turn_reward,
+    "judge": make_judge_reward,  # an LLM judge over an OpenAI-compatible endpoint (rewards/judge.py); build_rubric gives its params
 }
 
 REWARD_FUNCTIONS: dict[str, RewardFn] = {
@@ -77,6 +92,7 @@ REWARD_FUNCTIONS: dict[str, RewardFn] = {
     "subem": subem,
     "boxed": boxed_reward,
     "search_r1": make_search_r1_reward(),
+    "retrieved_gold_turn": make_retrieved_gold_turn_reward(),  # per-turn: the first search turn that retrieved a gold answer
 }
 
 
@@ -100,6 +116,9 @@ def _needs_params(name: str) -> RewardFn:
         raise ValueError(f"reward '{name}' is a factory; give it params, e.g. Rubric.from_names(['{name}'], {name}={{...}})")
 
     return missing
+
+
+REWARD_FUNCTIONS["judge"] = _needs_params("judge")  # its URL and model come from reward.judge_* (build_rubric)
 
 
 def _import_path(path: str) -> Any:
@@ -176,6 +195,15 @@ async def _call(name: str, fn: RewardFn, completion: str, task: Task, ctx: dict)
     return out
 
 
+def _add_turns(name: str, task: Task, acc: list[float] | None, values: list[float], turns) -> list[float]:
+    """`acc` + one function's weighted per-turn rewards; as many as the episode has turns."""
+    expected = len(turns) if turns is not None else (len(acc) if acc is not None else len(values))
+    if len(values) != expected:
+        raise ValueError(f"reward '{name}' returned {len(values)} turn rewards for an episode of {expected} turns (task {task.id}); "
+                         "give one per ctx['turns'] entry")
+    return values if acc is None else [a + v for a, v in zip(acc, values)]
+
+
 def _first_error(results: list) -> None:
     for r in results:
         if isinstance(r, BaseException):
@@ -200,6 +228,7 @@ class Rubric:
         params = dict(params or {})
         self.names: list[str] = []
         self.fns: list[RewardFn] = []
+        registered = all(isinstance(entry, str) and ":" not in entry for entry in names)
         for entry in names:
             if callable(entry):
                 key, fn = getattr(entry, "__name__", repr(entry)), entry
@@ -216,6 +245,9 @@ class Rubric:
         unused = sorted(set(params) - set(self.names))
         if unused:
             raise ValueError(f"params given for rewards not in the rubric: {unused}; rubric: {self.names}")
+        # Whether a function gives per-turn rewards: True when one declares it (`fn.per_turn`), False
+        # when every function is a registered one that does not, None when a user's function might.
+        self.per_turn: bool | None = True if any(getattr(fn, "per_turn", False) for fn in self.fns) else (False if registered else None)
 
     @classmethod
     def from_names(
@@ -225,23 +257,36 @@ class Rubric:
         return cls(names, weights, params)
 
     async def score(self, completion: str, task: Task, **ctx: Any) -> RewardResult:
-        """All parts (unweighted, by name) and total = Σ weight · part. Errors propagate."""
+        """All parts (unweighted, by name) and total = Σ weight · part; per-turn rewards, when some
+        function gives them, Σ weight · turn reward per turn (one per `ctx["turns"]`). Errors propagate,
+        except `RewardUnavailable` (a judge that cannot answer): then the result's `unavailable` says
+        why, its total is 0.0 and its parts are those of the other functions."""
         outs = await asyncio.gather(
             *(_call(n, fn, completion, task, ctx) for n, fn in zip(self.names, self.fns)), return_exceptions=True
         )
-        _first_error(outs)
+        unavailable = [f"{name}: {out}" for name, out in zip(self.names, outs) if isinstance(out, RewardUnavailable)]
+        _first_error([out for out in outs if not isinstance(out, RewardUnavailable)])
         parts: dict[str, float] = {}
         total = 0.0
+        turn_total: list[float] | None = None
         for name, weight, out in zip(self.names, self.weights, outs):
+            if isinstance(out, RewardUnavailable):
+                continue
             sub: dict[str, float] = {}
+            turns = None
             if isinstance(out, RewardResult):
-                sub, out = out.parts, out.total
+                sub, turns, out = out.parts, out.turn_rewards, out.total
             value = _as_float(name, out)
             parts[name] = value
             for k, v in sub.items():
                 parts[f"{name}/{k}"] = _as_float(f"{name}/{k}", v)
             total += weight * value
-        return RewardResult(total=total, parts=parts)
+            if turns is not None:
+                turn_total = _add_turns(name, task, turn_total, [weight * _as_float(f"{name} (turn reward)", v) for v in turns],
+                                        ctx.get("turns"))
+        if unavailable:
+            return RewardResult(total=0.0, parts=parts, unavailable="; ".join(unavailable))
+        return RewardResult(total=total, parts=parts, turn_rewards=turn_total)
 
     async def score_many(self, items: Iterable[tuple]) -> list[RewardResult]:
         """Score (completion, task) or (completion, task, ctx_dict) items concurrently, in order."""
@@ -270,7 +315,34 @@ def build_rubric(r: RewardConfig, max_new_tokens: int) -> Rubric:
     if "overlong" in r.functions:
         buffer = r.overlong_buffer or max_new_tokens // 4
         params["overlong"] = {"max_tokens": max_new_tokens, "buffer": buffer}
+    if "judge" in r.functions:
+        params["judge"] = _judge_params(r)
     try:
         return Rubric(r.functions, r.weights, params)
+    except ConfigError:  # already names its key (reward.judge_cache, ...)
+        raise
     except (ValueError, ImportError) as e:
         raise ConfigError(f"reward.functions: {e}") from None
+
+
+def _judge_params(r: RewardConfig) -> dict:
+    """`make_judge_reward`'s arguments from the `reward:` section: the templates read, the token
+    taken from its environment variable (unset: ConfigError), the cache folder resolved."""
+    if not r.judge_url:
+        raise ConfigError("reward.functions has judge but reward.judge_url is not set; give the judge's OpenAI-compatible base URL "
+                          "(e.g. http://127.0.0.1:8002/v1)")
+    token = None
+    if r.judge_token_env:
+        token = os.environ.get(r.judge_token_env)
+        if not token:
+            raise ConfigError(f"reward.judge_token_env: the environment variable {r.judge_token_env} is not set; export it or drop the key")
+    template = read_template(r.judge_template, "reward.judge_template", DEFAULT_TEMPLATE)
+    rubric_template = read_template(r.judge_rubric_template, "reward.judge_rubric_template", DEFAULT_RUBRIC_TEMPLATE)
+    cache = r.judge_cache
+    return {
+        "url": r.judge_url, "model": r.judge_model, "token": token, "template": template, "rubric_template": rubric_template,
+        "parser": r.judge_parser, "score_range": list(r.judge_score_range), "max_tokens": r.judge_max_tokens,
+        "temperature": r.judge_temperature, "concurrency": r.judge_concurrency, "retries": r.judge_retries,
+        "backoff_s": r.judge_backoff_s, "timeout_s": r.judge_timeout_s,
+        "cache": None if cache is False or cache == "off" else Path(cache).expanduser() if isinstance(cache, str) and cache else default_cache_dir(),
+    }

@@ -1,4 +1,5 @@
-"""Search-R1 v0.3-style outcome reward with format and retrieval parts (`search_r1` in the rubric).
+"""Search rewards: Search-R1 v0.3-style outcome reward with format and retrieval parts (`search_r1`
+in the rubric), and per-turn credit for retrieval (`retrieved_gold_turn`, below).
 
     correct answer, valid sequence      -> score
     correct answer, invalid sequence    -> score - structure_format_score
@@ -19,11 +20,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from seekrl.rewards.base import RewardResult
+from seekrl.rewards.base import RewardResult, TurnContext
 from seekrl.rewards.qa import exact_match, extract_answer, gold_list, normalize_answer
 from seekrl.types import Task
 
-__all__ = ["make_search_r1_reward", "is_valid_sequence", "retrieved_gold"]
+__all__ = ["make_search_r1_reward", "is_valid_sequence", "retrieved_gold", "make_retrieved_gold_turn_reward"]
 
 _TAG = re.compile(r"<(/?)(think|search|information|answer)>")
 
@@ -81,3 +82,27 @@ def make_search_r1_reward(
         return RewardResult(total, {"em": em, "valid_format": float(valid), "retrieved_gold": float(retrieved)})
 
     return search_r1
+
+
+def make_retrieved_gold_turn_reward(tools: tuple[str, ...] | list[str] = ("search",)):
+    """Per-turn retrieval credit (`retrieved_gold_turn`): 1.0 on the first turn that called one of
+    `tools` and got back a gold answer (normalised, as a substring: `retrieved_gold`'s test, on the
+    tool's own output rather than the rendered observation), 0.0 on every other turn. The total is
+    their sum: 1.0 when the gold was retrieved at all. Finding it again later earns nothing, so
+    repeating a good search is not rewarded. Without `ctx["turns"]` (single-turn workflows) the
+    completion is one turn that called no tool."""
+    names = frozenset(tools)
+
+    def retrieved_gold_turn(completion: str, task: Task, **ctx: Any) -> RewardResult:
+        turns = ctx.get("turns") or [TurnContext(completion)]
+        wanted = [w for w in (normalize_answer(g) for g in gold_list(task.answer)) if w]
+        values, found = [], False
+        for turn in turns:
+            outputs = [normalize_answer(out) for name, out in zip(turn.tools, turn.outputs) if name in names]
+            hit = not found and any(w in out for w in wanted for out in outputs)
+            values.append(float(hit))
+            found = found or hit
+        return RewardResult(float(found), turn_rewards=values)
+
+    retrieved_gold_turn.per_turn = True  # gives per-turn rewards (rewards/base.py)
+    return retrieved_gold_turn

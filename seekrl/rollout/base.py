@@ -14,7 +14,10 @@ else shares the engine. `prompt_ids` is the token prompt of a task's first turn 
 drops tasks whose prompt is longer than rollout.max_prompt_tokens). SingleTurnWorkflow
 (workflows/single_turn.py: one completion per episode, RLVR) and ToolAgentWorkflow
 (workflows/tool_agent.py: the multi-turn tool loop) are the two seekrl ships; a custom agent
-implements these two methods.
+implements these two methods. A multi-turn agent appends each engine call with
+`Trajectory.append_turn` (its span; the turn level of rewards and advantages); to be trained one
+sample per turn (rollout.trajectory=stepwise) it creates its trajectories with `turn_prompts=[]`
+and passes each call's prompt ids to `append_turn`.
 
 RolloutSource: where the trainer's batch of each step comes from.
 

@@ -43,6 +43,8 @@ class RolloutConfig:
     """Tokens after the prompt per episode, sampled and inserted together (with tools.format)."""
     mask_observations: bool = True
     """Mask inserted tool output out of the loss; false is Search-R1's ablation (old log-probs are then recomputed)."""
+    trajectory: Literal["prefix", "stepwise"] = "prefix"
+    """How a multi-turn episode trains: prefix (one sequence; each turn's prompt is the previous prompt + the tokens since, never re-rendered) | stepwise (one sample per turn: the prompt exactly as the chat template rendered it for that turn, the turn's sampled tokens; for templates that rewrite earlier turns, e.g. thinking models that drop <think>). Episodes, not turns, form the group baseline."""
     mode: Literal["sync", "async"] = "sync"
     """sync (roll out a batch, then train on it) | async (episodes keep running on the engine while the trainer steps; AReaL)."""
     max_staleness: Annotated[int, Range(ge=0, text=">= 0 (0 trains only on tokens of the current policy)")] = 2
@@ -62,6 +64,9 @@ class RolloutConfig:
             )
         if 0 < self.temperature < MIN_TEMPERATURE:  # float32 cannot sample there: NaN log-probs
             raise ConfigError(f"rollout.temperature: {self.temperature} is too small to sample with; use 0 (greedy) or at least {MIN_TEMPERATURE}")
+        if self.trajectory == "stepwise" and not self.mask_observations:
+            raise ConfigError("rollout.trajectory=stepwise puts each tool output in the next turn's prompt, where it is never trained; "
+                              "set rollout.mask_observations=true (or rollout.trajectory=prefix for the unmasked ablation)")
         if self.max_concurrent is not None and self.max_concurrent < self.group_size:
             raise ConfigError(f"rollout.max_concurrent ({self.max_concurrent}) must be at least rollout.group_size ({self.group_size}): "
                               "a task's G episodes start together; raise it or leave it unset (= rollout.batch_size)")

@@ -15,7 +15,9 @@ trainers use, with SGLang's field names, so a client written for one works with 
     POST /continue_generation
     POST /abort_request            {"rid": str, "abort_all": bool}
     POST /flush_cache              (no prefix cache to flush: answers success)
-    GET  /model_info, /get_model_info   model path, weight_version, max context, vocab size
+    POST /score                    {"input_ids": [...] | [[...], ...], "start": int | [int, ...], "temperature": T}
+                                   -> {"logprobs": [...] | [[...], ...], "weight_version"}: a distillation teacher
+    GET  /model_info, /get_model_info   model path, weight_version, max context, vocab size, vocab_digest
     GET  /health                   {"status": "ok"}, no token
     GET  /server_info              counters (requests, rejected, errors, cancelled, tokens, ...) and limits
 
@@ -27,6 +29,14 @@ trainers use, with SGLang's field names, so a client written for one works with 
 log-probs follow seekrl/engines/base.py exactly (EOS and stop-string tokens are kept in
 `output_ids`; `text` is decoded with special tokens skipped). Concurrent requests are batched
 together by the LocalEngine: requests that arrive while a batch runs form the next one.
+
+`/score` (seekrl's own, not SGLang's) gives, for each sequence, the log-probs of its tokens
+`start ..` (default 1: all but the first), each given the tokens before it:
+`log_softmax(logits / temperature)[token]` (default temperature 1), computed by the trainer's own
+scoring pass (train/teacher.py `score_completions`), so a model served here scores a student's
+tokens as the same model would in the trainer (algo.teacher.url; engines/scoring.py is the client).
+`vocab_digest` in /model_info is the sha256 of the tokenizer's vocabulary, which a distillation run
+compares with its own before it starts.
 
 Sampling parameters: temperature, top_p, top_k (-1 or 0: off), max_new_tokens (default 128),
 stop, stop_token_ids, ignore_eos, sampling_seed; skip_special_tokens, spaces_between_special_tokens,
@@ -54,6 +64,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import time
 from contextlib import asynccontextmanager
@@ -64,6 +75,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seekrl.engines.launch import ENGINE_TOKEN_ENV
+from seekrl.engines.scoring import vocab_digest
 from seekrl.servers.flags import engine_flags
 from seekrl.servers.guards import (
     Guard,
@@ -80,13 +92,15 @@ from seekrl.servers.guards import (
 )
 from seekrl.types import Completion, SamplingParams
 
-__all__ = ["make_app", "serve_engine", "run_from_args", "main", "TOKEN_ENV", "GenerateRequest", "completion_body", "weight_spans"]
+__all__ = ["make_app", "serve_engine", "run_from_args", "main", "TOKEN_ENV", "GenerateRequest", "ScoreRequest", "completion_body",
+           "weight_spans"]
 
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = ENGINE_TOKEN_ENV  # the variable started servers get their token in (engines/launch.py)
 DEFAULT_PORT = 30000  # SGLang's
 MAX_STOPS = 16
+SCORE_TOKEN_BUDGET = 8192  # /score: padded tokens per forward pass
 
 
 class EngineSampling(BaseModel):
@@ -134,6 +148,14 @@ class GenerateRequest(BaseModel):
     logprob_start_len: int | None = None  # accepted; log-probs always cover the output tokens only
     rid: str | list[str] | None = None
     stream: bool = False
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input_ids: list[int] | list[list[int]]
+    start: int | list[int] = 1  # the first position scored, for all sequences or one per sequence (>= 1)
+    temperature: float = Field(default=1.0, gt=0.0, le=100.0)
 
 
 class UpdateWeightsRequest(BaseModel):
@@ -219,7 +241,8 @@ def make_app(
     context = int(getattr(config, "max_position_embeddings", 0) or 0) or None
     vocab = int(getattr(config, "vocab_size", 0) or len(tokenizer))
     guard = Guard(token=token, max_body_bytes=max_body_bytes)
-    guard.stats.update({"prompts": 0, "tokens": 0, "weight_updates": 0})
+    guard.stats.update({"prompts": 0, "tokens": 0, "weight_updates": 0, "scored_tokens": 0})
+    digest = vocab_digest(tokenizer)
     counter = iter(range(1, 2**62))
 
     @asynccontextmanager
@@ -236,7 +259,7 @@ def make_app(
     def info() -> dict:
         return {
             "model_path": model_path, "weight_version": engine.version, "max_context": context, "vocab_size": vocab,
-            "is_generation": True, "paused": engine.paused,
+            "vocab_digest": digest, "is_generation": True, "paused": engine.paused,
             "limits": {"max_prompts_per_request": max_prompts_per_request, "max_batch_size": engine.max_batch_size},
             "engine": dict(engine.stats),
         }
@@ -405,10 +428,50 @@ def make_app(
 
         return await guard.answer(request, handler, _error_response)
 
+    @app.post("/score", openapi_extra=openapi_body(ScoreRequest))
+    async def score(request: Request):
+        async def handler(request):
+            req = await body(request, ScoreRequest)
+            seqs, single = prompts_of(req)
+            starts = [req.start] * len(seqs) if isinstance(req.start, int) else list(req.start)
+            if len(starts) != len(seqs):
+                raise HTTPError(400, f"start has {len(starts)} entries for {len(seqs)} sequences; give one, or one per sequence", "start")
+            for s, st in zip(seqs, starts):
+                if not 1 <= st <= len(s):
+                    raise HTTPError(400, f"start={st} is outside 1..{len(s)} for a sequence of {len(s)} tokens (position 0 "
+                                         "has nothing before it to be predicted from)", "start")
+                if context is not None and len(s) > context:
+                    raise HTTPError(400, f"a sequence of {len(s)} tokens is over the model's context of {context} tokens", "input_ids")
+            check_temperature(req.temperature, "temperature")
+            rows = await cancel_on_disconnect(request, asyncio.to_thread(score_rows, seqs, starts, req.temperature))
+            if not all(math.isfinite(v) for row in rows for v in row):
+                raise HTTPError(400, f"the log-probs are not finite at temperature {req.temperature}; raise it", "temperature")
+            guard.stats["scored_tokens"] += sum(len(r) for r in rows)
+            return JSONResponse({"logprobs": rows[0] if single else rows, "weight_version": engine.version})
+
+        return await guard.answer(request, handler, _error_response)
+
+    def score_rows(seqs: list[list[int]], starts: list[int], temperature: float) -> list[list[float]]:
+        from seekrl.train.batching import can_share_prefix
+        from seekrl.train.plan import MicroBatchPlan
+        from seekrl.train.teacher import score_completions, scoring_batch
+
+        todo = [i for i, (s, st) in enumerate(zip(seqs, starts)) if st < len(s)]  # start == len: nothing to score
+        rows: list[list[float]] = [[] for _ in seqs]
+        if todo:
+            model = engine.model
+            plan = MicroBatchPlan(SCORE_TOKEN_BUDGET, tokenizer.pad_token_id or 0, next(model.parameters()).device,
+                                  share_prefix=can_share_prefix(model))
+            batch = scoring_batch([seqs[i] for i in todo], [starts[i] for i in todo])
+            logp_BC = score_completions(model, plan, batch, temperature)
+            for k, i in enumerate(todo):
+                rows[i] = logp_BC[k, : len(seqs[i]) - starts[i]].tolist()
+        return rows
+
     async def model_info(request: Request):
         async def handler(request):
             guard.check_auth(request)
-            keys = ("model_path", "weight_version", "max_context", "vocab_size", "is_generation")
+            keys = ("model_path", "weight_version", "max_context", "vocab_size", "vocab_digest", "is_generation")
             return JSONResponse({k: v for k, v in info().items() if k in keys})
 
         return await guard.answer(request, handler, _error_response)

@@ -16,7 +16,8 @@ ids were sampled and are never re-encoded: `parse` only reads their decoded text
   gets `INVALID_SEARCH_R1`, verbatim. Departure: an empty query is invalid here (Search-R1
   sends it to the retriever).
 - `dr_tulu`: `<call_tool name="search" k="v">query</call_tool>`; the attributes are the
-  arguments (besides `name`), the stripped body is the "query" argument. Observation
+  arguments (besides `name`), the stripped body is the "query" argument (the "url" argument
+  of the tools in `BODY_ARGS`: `<call_tool name="fetch_page">https://...</call_tool>`). Observation
   `"\\n<tool_output>{text}</tool_output>\\n"`, answer in `<answer>...</answer>`.
 - `hermes`: the chat template's `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
   blocks, several per turn; the turn ends at end-of-turn (EOS), so `stop = ()`. A turn with no
@@ -32,7 +33,10 @@ ids were sampled and are never re-encoded: `parse` only reads their decoded text
   i.e. everything the template writes after the assistant's content: its end-of-turn (only
   if the model did not sample it), the tool turn(s), and the next assistant header. The
   conversation so far is never re-rendered or re-encoded; the dummy conversation only gives
-  the template the context it needs (same `tools=` as the prompt).
+  the template the context it needs (same `tools=` as the prompt). `history_rewrite(tokenizer)`
+  tells whether that equals the template's rendering of the whole conversation: templates
+  that drop earlier `<think>` blocks (thinking models) do not, and need the stepwise layout
+  (workflows/tool_agent.py).
 
 A malformed call (unclosed tag, empty query, bad JSON, unknown attribute format) and a turn with
 neither call nor answer give `Parsed(invalid=True, reason=...)`.
@@ -47,7 +51,10 @@ from dataclasses import dataclass, field
 from seekrl.tools.base import ToolCall, ToolResult
 
 __all__ = ["get_format", "FORMATS", "Parsed", "SearchR1Format", "DrTuluFormat", "HermesFormat", "tail_text",
-           "INVALID_SEARCH_R1"]
+           "INVALID_SEARCH_R1", "BODY_ARGS"]
+
+# dr_tulu: the argument a <call_tool> body fills, for tools whose main argument is not "query"
+BODY_ARGS: dict[str, str] = {"fetch_page": "url"}
 
 INVALID_SEARCH_R1 = (
     "\nMy previous action is invalid. "
@@ -150,7 +157,7 @@ class DrTuluFormat:
             query = m.group(2).strip()
             if not query:
                 return Parsed(invalid=True, reason="empty query")
-            calls.append(ToolCall(name, {**attrs, "query": query}, m.group(0)))
+            calls.append(ToolCall(name, {**attrs, BODY_ARGS.get(name, "query"): query}, m.group(0)))
         return Parsed(calls=calls)
 
     def observation_text(self, results: list[ToolResult]) -> str:
@@ -235,6 +242,31 @@ class HermesFormat:
 
     def invalid_observation(self, tokenizer, *, closed: bool = True) -> list[int]:
         return _encode(tokenizer, self.continuation_text(tokenizer, [{"role": "user", "content": self.invalid_text}], closed=closed))
+
+    def history_rewrite(self, tokenizer) -> str | None:
+        """Whether the template re-renders an earlier turn differently once the conversation goes on.
+
+        The workflow's prefix layout continues a turn's prompt with the sampled tokens and the
+        `continuation_text` of what follows; that is the template's own rendering only if
+        render(conversation + [assistant A] + next) == render(conversation) + A + continuation.
+        Two probes, A holding a `<think>` block: followed by a tool result, and by a user message
+        (the invalid-action turn). None when both hold; else where the renderings part, in a few words.
+        """
+        user = [{"role": "user", "content": "What is the capital of France?"}]
+        think = "<think>\nThe capital is asked for; search first.\n</think>\n\n"
+        call = '<tool_call>{"name": "search", "arguments": {"query": "capital of France"}}</tool_call>'
+        probes = ((think + call, [{"role": "tool", "name": "search", "content": "Paris is the capital of France."}]),
+                  (think + "Paris.", [{"role": "user", "content": self.invalid_text}]))
+        first = self._render(tokenizer, user, add_generation_prompt=True)
+        for content, after in probes:
+            want = first + content + self.continuation_text(tokenizer, after, closed=False)
+            got = self._render(tokenizer, [*user, {"role": "assistant", "content": content}, *after], add_generation_prompt=True)
+            if got != want:
+                i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+                tag = want.rfind("<", max(0, i - 16), i + 1)  # from the tag the renderings part in
+                i = tag if tag >= 0 else i
+                return f"the assistant turn {want[i:i + 24]!r}... is rendered as {got[i:i + 24]!r}..."
+        return None
 
     def tail_for(self, tokenizer) -> str:
         """The text after a tool message's content: the end of the tool turn and the next header."""

@@ -9,10 +9,17 @@ the RL step then fills in what it computes, in order:
     old_logp_BC     the ratio's denominator (train/offpolicy.py): behaviour, recomputed or proximal
     prox_alpha_BC   decoupled PPO with prox_logp=loglinear: the interpolation weight per token
     ref_logp_BC     the reference policy's log-probs (algo.kl_coef > 0)
+    teacher_logp_BC the distillation teacher's log-probs of the same tokens (algo.teacher; train/teacher.py)
     values_BC       the critic's values (PPO)
     adv_BC          advantages (train/estimate.py)
     returns_BC      the critic's targets (PPO)
     kl_coef         the KL coefficient in the loss this step (algo.kl_in=loss)
+
+Rows and episodes: a trajectory in the prefix layout is one row; a stepwise one (rollout.trajectory=
+stepwise) is one row per turn, its prompt the exact ids the engine was given for that turn and its
+completion the turn's sampled tokens. `episode_ids_B` says which rows are one episode (the group
+baseline counts episodes, train/estimate.py), `turn_BC` / `turns_B` which turn of how many a token
+belongs to (turn discount, turn-level advantages), `turn_rewards` the episode's per-turn rewards.
 
 Micro-batches take rows of these tensors (`rows`), never lists: the batch goes to tensors once.
 Values computed on the batch are zero past each row's end, as the rows they came from.
@@ -49,9 +56,14 @@ class TokenBatch:
     rewards_B: torch.Tensor  # float32
     group_ids_B: torch.Tensor  # long: which task's group each row belongs to
     truncated_B: torch.Tensor  # bool: the completion was cut by its token budget
+    episode_ids_B: torch.Tensor | None = None  # long: the episode of each row (stepwise: one row per turn); None: one row per episode
+    turn_BC: torch.Tensor | None = None  # long: the episode's turn each completion token belongs to (Trajectory.turn_index)
+    turns_B: torch.Tensor | None = None  # long: the number of turns of the row's episode
+    turn_rewards: list[list[float] | None] | None = None  # per row: its episode's per-turn rewards (None: the rubric gave none)
     old_logp_BC: torch.Tensor | None = None
     prox_alpha_BC: torch.Tensor | None = None
     ref_logp_BC: torch.Tensor | None = None
+    teacher_logp_BC: torch.Tensor | None = None
     values_BC: torch.Tensor | None = None
     adv_BC: torch.Tensor | None = None
     returns_BC: torch.Tensor | None = None
@@ -59,18 +71,32 @@ class TokenBatch:
 
     @classmethod
     def from_trajectories(cls, trajs: list[Trajectory], group_ids: list[int] | None = None) -> TokenBatch:
-        C = max(1, max((len(t.completion_ids) for t in trajs), default=0))
-        lengths = torch.tensor([len(t.completion_ids) for t in trajs])
+        """One row per trajectory; a stepwise one (`Trajectory.stepwise`) gives one row per turn
+        (`Trajectory.steps`: the exact prompt the engine was given, the turn's sampled tokens), each
+        with the episode's reward and group, and the episode in `episode_ids_B`."""
+        groups = group_ids if group_ids is not None else list(range(len(trajs)))
+        episodes, rows, turn_of = [], [], []
+        for e, t in enumerate(trajs):
+            parts = t.steps() if t.stepwise else [t]
+            episodes += [e] * len(parts)
+            rows += parts
+            turn_of += [[k] * len(p.completion_ids) for k, p in enumerate(parts)] if t.stepwise else [t.turn_index()]
+        C = max(1, max((len(t.completion_ids) for t in rows), default=0))
+        lengths = torch.tensor([len(t.completion_ids) for t in rows])
         return cls(
-            prompt_ids=[list(t.prompt_ids) for t in trajs],
-            completion_ids=[list(t.completion_ids) for t in trajs],
-            loss_mask_BC=pad_completion([t.loss_mask for t in trajs], C),
+            prompt_ids=[list(t.prompt_ids) for t in rows],
+            completion_ids=[list(t.completion_ids) for t in rows],
+            loss_mask_BC=pad_completion([t.loss_mask for t in rows], C),
             token_mask_BC=torch.arange(C)[None, :] < lengths[:, None],
-            behav_logp_BC=pad_completion([t.logprobs for t in trajs], C),
-            versions_BC=pad_completion([t.versions for t in trajs], C, torch.long) - (torch.arange(C)[None, :] >= lengths[:, None]).long(),
-            rewards_B=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
-            group_ids_B=torch.tensor(group_ids if group_ids is not None else list(range(len(trajs))), dtype=torch.long),
-            truncated_B=torch.tensor([t.finish_reason == "length" for t in trajs], dtype=torch.bool),
+            behav_logp_BC=pad_completion([t.logprobs for t in rows], C),
+            versions_BC=pad_completion([t.versions for t in rows], C, torch.long) - (torch.arange(C)[None, :] >= lengths[:, None]).long(),
+            rewards_B=torch.tensor([t.reward for t in rows], dtype=torch.float32),
+            group_ids_B=torch.tensor([groups[e] for e in episodes], dtype=torch.long),
+            truncated_B=torch.tensor([t.finish_reason == "length" for t in rows], dtype=torch.bool),
+            episode_ids_B=torch.tensor(episodes, dtype=torch.long),
+            turn_BC=pad_completion(turn_of, C, torch.long),
+            turns_B=torch.tensor([trajs[e].num_turns for e in episodes], dtype=torch.long),
+            turn_rewards=[trajs[e].turn_rewards for e in episodes],
         )
 
     @classmethod
@@ -123,6 +149,10 @@ class TokenBatch:
             loss_mask_BC=self.loss_mask_BC[rows, :C], token_mask_BC=self.token_mask_BC[rows, :C],
             behav_logp_BC=self.behav_logp_BC[rows, :C], versions_BC=self.versions_BC[rows, :C],
             rewards_B=self.rewards_B[rows], group_ids_B=self.group_ids_B[rows], truncated_B=self.truncated_B[rows],
+            episode_ids_B=None if self.episode_ids_B is None else self.episode_ids_B[rows],
+            turn_BC=None if self.turn_BC is None else self.turn_BC[rows, :C],
+            turns_B=None if self.turns_B is None else self.turns_B[rows],
+            turn_rewards=None if self.turn_rewards is None else [self.turn_rewards[i] for i in rows],
         )
 
     def rows(self, x_BC: torch.Tensor, rows: list[int], width: int, device) -> torch.Tensor:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from seekrl.algo.config import AlgoConfig
-from seekrl.algo.losses import aggregate, kl_loss, policy_loss, value_loss
+from seekrl.algo.losses import POLICY_LOSSES, aggregate, kl_loss, value_loss
 from seekrl.algo.mismatch import Correction, correction_weights
 from seekrl.models import unwrap_peft
 from seekrl.observe.stats import StatsTracker
@@ -60,7 +60,7 @@ class PolicyTrainer:
         """`temperature`: the sampling temperature the log-probs are taken at; `norm_tokens`: the
         constant of algo.loss_agg=seq-mean-token-sum-norm (rollout.max_new_tokens). Several `ranks`:
         `model` (and `ref_model`) are sharded over them (parallel/fsdp.py)."""
-        self.model, self.train, self.algo = model, train, algo
+        self.model, self.train, self.algo = model, train, algo.resolved()  # (idempotent: a Config built in code too)
         self.correction = correction  # engine/trainer mismatch weights (algo/mismatch.py); None: off
         self.temperature, self.norm_tokens = temperature, norm_tokens
         self.ranks = ranks or Ranks()
@@ -158,7 +158,7 @@ class PolicyTrainer:
             c = self.correction or Correction("none", "token", None)  # decoupled PPO alone: the plain weight
             weight_BC, wstats = correction_weights(old_BC, behav_BC, has_BC, c, dtype=logp_BC.dtype)
             weight_BC = torch.where(has_BC, weight_BC, torch.ones_like(weight_BC))  # inserted tokens trained on: weight 1
-        loss, pstats = policy_loss(
+        loss, pstats = POLICY_LOSSES[a.policy_loss](  # ppo | gspo | gspo_token | cispo (algo/losses.py)
             logp_BC, old_BC, adv_BC, mask_BC,
             clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.loss_agg, **self._norm(),
             is_weight_BT=weight_BC,
@@ -200,7 +200,7 @@ class CriticTrainer:
 
     def __init__(self, value_model, train: TrainConfig, algo: AlgoConfig, *, pad_id: int, total_steps: int,
                  ranks: Ranks | None = None):
-        self.model, self.train, self.algo = value_model, train, algo
+        self.model, self.train, self.algo = value_model, train, algo.resolved()
         self.ranks = ranks or Ranks()
         self.device = next(value_model.parameters()).device
         self.optimizer, self.scheduler = make_optimizer(value_model.parameters(), train.critic_lr, train, total_steps)

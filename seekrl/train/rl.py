@@ -15,8 +15,10 @@ so that episodes go on meanwhile. Under torchrun (or `seekrl launch`) every trai
 this same loop: rank 0 rolls out and logs, every rank receives the batch and computes its share
 of the log-probs and gradients on a policy sharded with FSDP2 (parallel/, train/plan.py). The
 algorithm is `algo.name`; PPO adds a critic; a reference model exists only when
-`algo.kl_coef > 0`. Old log-probs are the engine's when the engine's are exact for the
-trainer's weights (engines/base.py), otherwise they are recomputed. A run folder holds
+`algo.kl_coef > 0`; on-policy distillation (`algo.name=distill`, or `algo.distill_coef` with
+another estimator) adds a teacher that scores the sampled tokens (train/teacher.py). Old
+log-probs are the engine's when the engine's are exact for the trainer's weights
+(engines/base.py), otherwise they are recomputed. A run folder holds
 config.yaml, metrics.jsonl, tensorboard/, trajectories/step_<N>.jsonl and
 checkpoints/step_<N>/; `train.resume=auto` continues it.
 """
@@ -50,6 +52,7 @@ from seekrl.train.config import TrainConfig
 from seekrl.train.estimate import estimate_advantages
 from seekrl.train.offpolicy import old_logprobs
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
+from seekrl.train.teacher import Teacher
 from seekrl.types import SamplingParams, Trajectory
 
 __all__ = ["RLRun", "run", "rl_step", "learn"]
@@ -81,11 +84,14 @@ class RLRun:
     agreement: AgreementCheck  # engine vs trainer log-probs, every step
     sync_versions: bool  # sync rollout: every sampled token comes from the version published last
     ranks: Ranks  # one process: Ranks(); under torchrun this process's rank (parallel/ranks.py)
+    teacher: Teacher | None = None  # on-policy distillation (algo.teacher): scores the student's tokens
 
     def close(self) -> None:
-        """Release the engine (the servers a run started stop) and leave the process group."""
+        """Release the engine (the servers a run started stop), the teacher, and leave the process group."""
         if self.engine is not None:
             self.engine.close()
+        if self.teacher is not None:
+            self.teacher.close()
         self.ranks.close()
 
 
@@ -183,14 +189,17 @@ def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
     stats.add_max(**{k: check.pop(k) for k in ("mismatch/ratio_max", "mismatch/abs_diff_max") if k in check})
     stats.add(**check)
     batch.ref_logp_BC = rl.trainer.ref_logprobs(batch) if a.kl_coef > 0 else None
+    batch.teacher_logp_BC = rl.teacher.logprobs(batch) if rl.teacher else None  # distillation: the teacher scores the student's tokens
     batch.values_BC = rl.critic.values(batch) if rl.critic else None
     # 4. Advantages.
     kl_coef = rl.kl_ctl.value
     est = estimate_advantages(
         a.name, batch, ref_logp_BC=batch.ref_logp_BC, kl_coef_in_reward=kl_coef if a.kl_in == "reward" else 0.0,
-        kl_estimator=a.kl_estimator, values_BC=batch.values_BC, gamma=a.gamma, lam=a.lam,
+        kl_estimator=a.kl_estimator, values_BC=batch.values_BC, gamma=a.gamma, lam=a.lam, distill_coef=a.distill_coef,
+        turn_gamma=a.turn_gamma, turn_advantage=a.turn_advantage,
     )
     batch.adv_BC, batch.returns_BC = est.adv_BC, est.returns_BC
+    stats.add(**est.metrics)  # distill/reverse_kl
     batch.kl_coef = kl_coef if a.kl_in == "loss" else 0.0
     # 5. Updates.
     if rl.critic:
@@ -208,7 +217,7 @@ def usable(trajs: list[Trajectory], group_ids: list[int], stats: StatsTracker) -
     `rollout/excluded/<status>` and `rollout/excluded_frac`. A group keeps its usable members:
     the baseline is taken over them."""
     keep = [t.status == "ok" for t in trajs]
-    counts = {"engine_error": 0, "tool_unavailable": 0, "version_mismatch": 0}
+    counts = {"engine_error": 0, "tool_unavailable": 0, "reward_unavailable": 0, "version_mismatch": 0}
     for t, k in zip(trajs, keep):
         if not k:
             counts[t.status] = counts.get(t.status, 0) + 1
@@ -228,9 +237,14 @@ def log_rollout_stats(stats: StatsTracker, trajs: list[Trajectory]) -> None:
         stats.add(**{f"reward/{part}": sum(t.reward_parts.get(part, 0.0) for t in trajs) / len(trajs)})
     sources = sorted({t.task.source for t in trajs})
     if len(sources) > 1:
+        parts = sorted({p for t in trajs for p in t.reward_parts})
+        # the exact-match part, when the rubric has one: qa_em, else a RewardResult's <name>/em (search_r1/em)
+        em = "qa_em" if "qa_em" in parts else next((p for p in parts if p.rsplit("/", 1)[-1] == "em"), None)
         for s in sources:
-            rs = [t.reward for t in trajs if t.task.source == s]
-            stats.add(**{f"reward/{s}/mean": sum(rs) / len(rs)})
+            mine = [t for t in trajs if t.task.source == s]
+            stats.add(**{f"reward/{s}/mean": sum(t.reward for t in mine) / len(mine)})
+            if em is not None:
+                stats.add(**{f"reward/{s}/em": sum(t.reward_parts.get(em, 0.0) for t in mine) / len(mine)})
 
 
 async def run_eval(rl: RLRun) -> dict[str, float]:

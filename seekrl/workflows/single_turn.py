@@ -49,11 +49,14 @@ class SingleTurnWorkflow:
             t.metrics = {"response_len": float(len(c.token_ids)), "truncated": float(c.finish_reason == "length")}
             trajs.append(t)
         results = await self.rubric.score_many(
-            (t.text, task, {"num_tokens": len(t.completion_ids), "max_tokens": params.max_new_tokens, "finish_reason": t.finish_reason})
+            (t.text, task, {"num_tokens": len(t.completion_ids), "max_tokens": params.max_new_tokens, "finish_reason": t.finish_reason,
+                            "status": t.status})
             for t in trajs
         )
         for t, r in zip(trajs, results):
             t.reward, t.reward_parts = r.total, r.parts
+            if r.unavailable and t.status == "ok":  # the judge could not score it: left out of the update, counted, not scored 0
+                t.status = "reward_unavailable"
         return TrajectoryGroup(task=task, trajectories=trajs)
 
 

@@ -14,6 +14,29 @@ One episode, tokens in and tokens out:
 The next prompt is always exactly `prompt_ids + completion_ids`: sampled ids are never decoded
 and re-encoded, only observations are encoded (parsers.py says how, per format).
 
+Trajectory layouts (`trajectory`, rollout.trajectory)
+- `prefix` (default): the episode trains as one sequence, each turn's prompt being the tokens
+  before it, as above. With the hermes format the observations are rendered by the chat template
+  as a continuation; that is only what the template would render for the whole conversation when
+  the template never rewrites an earlier turn. Thinking models' templates (Qwen3, DeepSeek-R1)
+  drop earlier `<think>` blocks, so the constructor renders a two-turn probe conversation
+  (`HermesFormat.history_rewrite`) and refuses prefix mode for such a template with a one-line
+  ConfigError that names `rollout.trajectory=stepwise`. The text formats (search_r1, dr_tulu)
+  keep the whole episode in one assistant message the template never re-renders: no check.
+- `stepwise`: every turn is its own training sample (`Trajectory.steps`). With the hermes
+  format each turn's prompt is the chat template's rendering of the conversation so far (the
+  task's messages, each turn's decoded text as an assistant message, the tool results as tool
+  messages cut to `max_obs_tokens` tokens, or the invalid-action text as a user message), i.e.
+  exactly what a chat deployment would send; the text formats keep `prompt_ids +
+  completion_ids`. Each turn's prompt ids are recorded (`Trajectory.append_turn`: only where
+  they differ from the concatenation; `metrics["prefix_breaks"]` counts those turns). The
+  concatenated `completion_ids` are still built as in prefix mode: rewards, logs and
+  `max_total_tokens` read them.
+
+Rewards see the episode's text and `ctx["turns"]`: one `TurnContext` per engine call (the
+turn's text, the tools it called and what they returned), for per-turn rewards
+(rewards/base.py); the rubric's per-turn rewards land in `Trajectory.turn_rewards`.
+
 Turns and budgets
 - `max_turns` tool turns (a turn is one engine call; a turn cut at its `max_new_tokens` counts),
   then one last turn generated with only the answer stop strings; if it still does not answer,
@@ -52,15 +75,16 @@ from collections import Counter
 import torch
 
 from seekrl.engines.base import InferenceEngine
-from seekrl.errors import EngineRequestError
+from seekrl.errors import ConfigError, EngineRequestError
 from seekrl.models import encode_chat
+from seekrl.rewards.base import TurnContext
 from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import episode_params, turn_seed
 from seekrl.tools.executor import EpisodeToolState, ToolExecutor
 from seekrl.tools.parsers import tail_text
 from seekrl.types import SamplingParams, Task, Trajectory, TrajectoryGroup
 
-__all__ = ["ToolAgentWorkflow", "encode_chat_with_tools", "TRUNCATION_MARKER"]
+__all__ = ["ToolAgentWorkflow", "encode_chat_with_tools", "check_prefix_template", "TRUNCATION_MARKER"]
 
 TRUNCATION_MARKER = " ...[truncated]"
 
@@ -93,9 +117,14 @@ class ToolAgentWorkflow:
         max_total_tokens: int = 2048,
         mask_observations: bool = True,
         tools_schema_in_prompt: bool | None = None,  # None: only for the hermes format
+        trajectory: str = "prefix",  # prefix | stepwise (module docstring)
     ):
         if max_turns < 0 or max_obs_tokens < 1 or max_total_tokens < 1:
             raise ValueError("max_turns must be >= 0, max_obs_tokens and max_total_tokens >= 1")
+        if trajectory not in ("prefix", "stepwise"):
+            raise ValueError(f"trajectory must be 'prefix' or 'stepwise', got {trajectory!r}")
+        if trajectory == "stepwise" and not mask_observations:
+            raise ValueError("the stepwise layout puts observations in the next turn's prompt: they cannot be trained on (mask_observations=False)")
         self.tokenizer = tokenizer
         self.params = params
         self.rubric = rubric
@@ -114,6 +143,11 @@ class ToolAgentWorkflow:
         self._marker_ids = list(tokenizer.encode(TRUNCATION_MARKER, add_special_tokens=False))
         self._tail_ids = list(tokenizer.encode(tail_text(fmt, tokenizer), add_special_tokens=False))
         self._prompt_cache: dict[str, list[int]] = {}
+        self.trajectory = trajectory
+        renders_turns = hasattr(fmt, "history_rewrite")  # hermes: observations rendered by the chat template
+        self.rerender = trajectory == "stepwise" and renders_turns
+        if trajectory == "prefix" and renders_turns:
+            check_prefix_template(tokenizer, fmt)
 
     def prompt_ids(self, task: Task) -> list[int]:
         ids = self._prompt_cache.get(task.id)
@@ -124,17 +158,21 @@ class ToolAgentWorkflow:
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
         params = params or self.params
         prompt_ids = self.prompt_ids(task)
-        trajs = list(await asyncio.gather(*(self.episode(task, engine, prompt_ids, p) for p in episode_params(params, task, n))))
+        done = await asyncio.gather(*(self._episode(task, engine, prompt_ids, p) for p in episode_params(params, task, n)))
+        trajs = [t for t, _ in done]
         results = await self.rubric.score_many(
             (
                 t.text,
                 task,
-                {"num_tokens": int(t.metrics["sampled_tokens"]), "max_tokens": self.max_total_tokens, "finish_reason": t.finish_reason},
+                {"num_tokens": int(t.metrics["sampled_tokens"]), "max_tokens": self.max_total_tokens, "finish_reason": t.finish_reason,
+                 "turns": turns, "status": t.status},
             )
-            for t in trajs
+            for t, turns in done
         )
         for t, r in zip(trajs, results):
-            t.reward, t.reward_parts = r.total, r.parts
+            t.reward, t.reward_parts, t.turn_rewards = r.total, r.parts, r.turn_rewards
+            if r.unavailable and t.status == "ok":  # the judge could not score it: left out of the update, counted, not scored 0
+                t.status = "reward_unavailable"
         return TrajectoryGroup(task=task, trajectories=trajs)
 
     def truncate_observation(self, ids: list[int], limit: int) -> tuple[list[int], bool]:
@@ -146,10 +184,27 @@ class ToolAgentWorkflow:
             return ids[:limit], True
         return ids[:keep] + self._marker_ids + self._tail_ids, True
 
+    def clip_text(self, text: str) -> str:
+        """A tool result cut to at most `max_obs_tokens` tokens, marker included (a re-rendered tool message)."""
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if len(ids) <= self.max_obs_tokens:
+            return text
+        keep = max(0, self.max_obs_tokens - len(self._marker_ids))
+        return self.tokenizer.decode(ids[:keep], skip_special_tokens=True) + TRUNCATION_MARKER
+
     async def episode(self, task: Task, engine: InferenceEngine, prompt_ids: list[int], params: SamplingParams) -> Trajectory:
         """One episode (module docstring). Returns the trajectory without its reward."""
+        return (await self._episode(task, engine, prompt_ids, params))[0]
+
+    async def _episode(self, task: Task, engine: InferenceEngine, prompt_ids: list[int],
+                       params: SamplingParams) -> tuple[Trajectory, list[TurnContext]]:
+        """One episode and what its turns did (the rewards' `ctx["turns"]`)."""
         fmt, tok = self.fmt, self.tokenizer
-        traj = Trajectory(task=task, prompt_ids=prompt_ids, completion_ids=[], loss_mask=[], logprobs=[], versions=[])
+        stepwise = self.trajectory == "stepwise"
+        traj = Trajectory(task=task, prompt_ids=prompt_ids, completion_ids=[], loss_mask=[], logprobs=[], versions=[],
+                          turn_prompts=[] if stepwise else None)
+        messages = list(task.prompt) if self.rerender else None  # the conversation so far, re-rendered for each turn
+        turn_prompt, turns = prompt_ids, []
         state = EpisodeToolState()
         calls: Counter = Counter()
         m = Counter({k: 0 for k in ("turns", "tool_calls", "valid_actions", "invalid_actions", "tool_errors", "obs_tokens", "truncated_obs", "unmasked_inserted_tokens")})
@@ -164,18 +219,21 @@ class ToolAgentWorkflow:
                 params, stop=fmt.answer_stop if final else fmt.stop, max_new_tokens=min(params.max_new_tokens, remaining),
                 seed=turn_seed(params.seed, m["turns"]),
             )
+            context = turn_prompt if messages is not None else prompt_ids + traj.completion_ids
             try:
-                c = await engine.generate(prompt_ids + traj.completion_ids, p)
+                c = await engine.generate(context, p)
             except EngineRequestError:  # this request failed on the engine's side: not the policy's doing
                 traj.status, finish = "engine_error", "error"
                 break
-            traj.append(list(c.token_ids), sampled=True, logprobs=list(c.logprobs), version=c.token_versions())
+            traj.append_turn(list(c.token_ids), logprobs=list(c.logprobs), version=c.token_versions(), prompt_ids=context if stepwise else None)
             m["turns"] += 1
             sampled += len(c.token_ids)
+            text = tok.decode(c.token_ids, skip_special_tokens=True)
+            turns.append(TurnContext(text))
             if c.finish_reason == "abort":
                 finish = "error"
                 break
-            parsed = fmt.parse(tok.decode(c.token_ids, skip_special_tokens=True))
+            parsed = fmt.parse(text)
             if parsed.answer is not None and not parsed.calls:
                 if c.finish_reason == "length" and fmt.answer_requires_stop:
                     parsed = dataclasses.replace(parsed, answer=None, invalid=True, reason="turn cut at max_new_tokens")
@@ -194,9 +252,11 @@ class ToolAgentWorkflow:
             if parsed.invalid or not parsed.calls:
                 m["invalid_actions"] += 1
                 obs = fmt.invalid_observation(tok, closed=closed)
+                said = [{"role": "user", "content": getattr(fmt, "invalid_text", "")}]
             else:
                 m["valid_actions"] += 1
                 results = await self.executor.run_many(parsed.calls, state)
+                turns[-1] = TurnContext(text, tuple(r.name for r in results), tuple(r.text for r in results))
                 for r in results:
                     calls[r.name if r.name in self.executor.registry else "unknown"] += 1
                     m["tool_errors"] += int(not r.ok)
@@ -204,6 +264,7 @@ class ToolAgentWorkflow:
                     traj.status, finish = "tool_unavailable", "error"
                     break
                 obs = fmt.observation(results, tok, closed=closed)
+                said = [{"role": "tool", "name": r.name, "content": self.clip_text(r.text)} for r in results] if messages is not None else []
             obs, cut = self.truncate_observation(list(obs), self.max_obs_tokens)
             room = self.max_total_tokens - len(traj.completion_ids)
             if len(obs) > room:
@@ -215,11 +276,29 @@ class ToolAgentWorkflow:
             else:
                 traj.append(obs, sampled=True, logprobs=[0.0] * len(obs), version=-1)
                 m["unmasked_inserted_tokens"] += len(obs)
+            if messages is not None:  # stepwise: the next prompt is the template's rendering of the conversation
+                messages += [{"role": "assistant", "content": text}, *said]
+                turn_prompt = encode_chat_with_tools(tok, messages, self.tools)
         m["tool_calls"] = sum(calls.values())
+        if stepwise:
+            m["prefix_breaks"] = sum(p is not None for p in traj.turn_prompts)
         traj.metrics = {k: float(v) for k, v in m.items()}
         traj.metrics.update({f"tool_calls/{k}": float(v) for k, v in calls.items()})
         traj.metrics["response_len"] = float(len(traj.completion_ids))
         traj.metrics["sampled_tokens"] = float(sampled)
         traj.finish_reason = finish
         traj.text = tok.decode(traj.completion_ids, skip_special_tokens=True)
-        return traj
+        return traj, turns
+
+
+def check_prefix_template(tokenizer, fmt) -> None:
+    """Refuse the prefix layout when the chat template rewrites earlier turns (module docstring)."""
+    try:
+        rewrite = fmt.history_rewrite(tokenizer)
+    except Exception as e:  # a template that cannot render the probe conversation
+        raise ConfigError(f"tools.format={fmt.name}: the chat template cannot render a tool conversation: {type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]}") from e
+    if rewrite is not None:
+        raise ConfigError(f"the chat template rewrites earlier turns when it renders the next one ({rewrite}), so "
+                          "rollout.trajectory=prefix would train on a context the model never sees at deployment; "
+                          "set rollout.trajectory=stepwise")

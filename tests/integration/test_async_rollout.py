@@ -254,7 +254,7 @@ def searching_model(tiny_tokenizer, tiny_model):
     return model.eval()
 
 
-def _workflow(tokenizer):
+def _workflow(tokenizer, trajectory: str = "prefix"):
     @tool(timeout_s=1.0)
     async def search(query: str) -> str:
         """Search the corpus.
@@ -265,14 +265,16 @@ def _workflow(tokenizer):
         return "Doc 1(Title: France) Paris."
 
     return ToolAgentWorkflow(tokenizer, SamplingParams(max_new_tokens=24, temperature=1.0), Rubric(["qa_em"]), get_format("search_r1"),
-                             ToolExecutor(ToolRegistry([search])), max_turns=3, max_obs_tokens=48, max_total_tokens=200)
+                             ToolExecutor(ToolRegistry([search])), max_turns=3, max_obs_tokens=48, max_total_tokens=200,
+                             trajectory=trajectory)
 
 
-@pytest.mark.parametrize("cut_seed", [0, 1, 2, 3])
-def test_cut_episodes_equal_uncut_ones(tiny_tokenizer, searching_model, cut_seed):
+@pytest.mark.parametrize("cut_seed, trajectory", [(0, "prefix"), (1, "prefix"), (2, "prefix"), (3, "prefix"), (0, "stepwise"), (1, "stepwise")])
+def test_cut_episodes_equal_uncut_ones(tiny_tokenizer, searching_model, cut_seed, trajectory):
     """Weight updates (the same weights) at random moments cut the turns in flight; the assembled
-    ids, loss mask and log-probs equal the uncut episodes with the same per-request seeds."""
-    wf = _workflow(tiny_tokenizer)
+    ids, loss mask and log-probs equal the uncut episodes with the same per-request seeds. In the
+    stepwise layout a cut turn is still one sample: the prompt the workflow gave, all its tokens."""
+    wf = _workflow(tiny_tokenizer, trajectory)
     params = SamplingParams(max_new_tokens=24, temperature=1.0, seed=1234 + cut_seed)
 
     async def uncut():
@@ -304,7 +306,16 @@ def test_cut_episodes_equal_uncut_ones(tiny_tokenizer, searching_model, cut_seed
         sampled = [v for v, m in zip(b.versions, b.loss_mask) if m]
         assert sampled == sorted(sampled)
         spans += len(set(sampled)) > 1
+        assert b.turn_spans == a.turn_spans and b.turn_prompts == a.turn_prompts
     assert spans > 0, "some episode should hold tokens of several versions"
+    if trajectory == "stepwise":
+        from seekrl.train.batch import TokenBatch
+
+        cut_rows, uncut_rows = TokenBatch.from_trajectories(got.trajectories), TokenBatch.from_trajectories(ref.trajectories)
+        assert len(cut_rows) == sum(len(t.turn_spans) for t in ref.trajectories) > len(ref.trajectories)
+        assert cut_rows.prompt_ids == uncut_rows.prompt_ids and cut_rows.completion_ids == uncut_rows.completion_ids
+        assert torch.equal(cut_rows.loss_mask_BC, uncut_rows.loss_mask_BC)
+        assert torch.allclose(cut_rows.behav_logp_BC, uncut_rows.behav_logp_BC, atol=1e-5)
 
 
 def test_a_stop_string_across_the_cut_ends_the_turn(tiny_tokenizer):

@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from procs import stop_process
 
 pytest.importorskip("bm25s")
 pytest.importorskip("fastmcp")
@@ -86,17 +87,9 @@ def token_url(index_dir):
         _wait_port(port, lambda: proc.poll() is None)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        _stop(proc)
+        stop_process(proc, timeout=10)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 10 s."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _run(call: ToolCall, tools, state: EpisodeToolState | None = None):
@@ -278,4 +271,4 @@ def test_body_limit_413(index_dir):
         res, state = _run(ToolCall("search", {"query": "alpha " * 600}, ""), tools)  # through the client: an error result
         assert not res.ok and state.errors
     finally:
-        _stop(proc)
+        stop_process(proc, timeout=10)

@@ -195,8 +195,12 @@ def test_cli_help_lists_commands():
         ["algo.name=reinforce_pp", "algo.kl_coef=0.01", "algo.kl_in=reward", "algo.kl_estimator=k1"],
         ["algo.name=grpo", "algo.kl_coef=0.01", "algo.kl_target=0.01", "algo.entropy_coef=0.01", "train.ppo_epochs=2", "train.minibatches=2"],
         ["algo.name=grpo", "algo.filter_zero_std=true", "algo.mask_truncated=true", "train.recompute_logprobs=always"],
+        ["algo.policy_loss=gspo", "train.ppo_epochs=2", "train.minibatches=2"],
+        ["algo.policy_loss=gspo_token", "algo.name=reinforce_pp", "train.ppo_epochs=2"],
+        ["algo.policy_loss=cispo", "train.ppo_epochs=2", "algo.kl_coef=0.01"],
     ],
-    ids=["dr_grpo", "rloo_dualclip", "reinforce_pp_kl_reward", "grpo_adaptive_kl_entropy", "grpo_filters"],
+    ids=["dr_grpo", "rloo_dualclip", "reinforce_pp_kl_reward", "grpo_adaptive_kl_entropy", "grpo_filters",
+         "gspo_epochs", "gspo_token_reinforce_pp", "cispo_kl"],
 )
 def test_algorithm_variants_run_and_log(tmp_path, overrides):
     run = train(small_cfg(tmp_path, "variant", "train.steps=3", "train.save_every=0", *overrides))
@@ -214,6 +218,10 @@ def test_algorithm_variants_run_and_log(tmp_path, overrides):
         assert rows[-1]["kl_coef"] != 0.01  # the adaptive controller moved the coefficient
     if "algo.filter_zero_std=true" in overrides:
         assert 0 <= rows[-1]["rollout/kept_frac"] <= 1
+    if "algo.policy_loss=gspo" in overrides:  # the second epoch is off-policy: GSPO's tight range clips sequences
+        assert any(r["actor/clip_frac"] > 0 for r in rows)
+    if "algo.policy_loss=cispo" in overrides:  # CISPO clips weights, never drops tokens: ratios stay near 1 anyway
+        assert all(r["actor/ratio_max"] < 6.0 for r in rows)
 
 
 def test_lora_with_gradient_checkpointing_trains_only_adapters(tmp_path):

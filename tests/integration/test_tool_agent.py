@@ -3,7 +3,8 @@
 The scripted engine answers `generate` with random turns (well-formed searches, malformed
 calls, answers, over-long turns, bare EOS) and records every call; the tool randomly errors,
 times out or returns long text, decided by the query so the test can predict each outcome.
-From the records each trajectory is rebuilt segment by segment and compared exactly.
+From the records each trajectory is rebuilt segment by segment and compared exactly; in the
+stepwise layout each training sample is compared with the engine call it came from.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from seekrl.errors import ConfigError
 from seekrl.rewards.rubric import Rubric
 from seekrl.tools import ToolExecutor, ToolRegistry, get_format, tool
+from seekrl.train.batch import TokenBatch
 from seekrl.types import Completion, SamplingParams, Task
 from seekrl.workflows.tool_agent import ToolAgentWorkflow
 
@@ -89,16 +92,18 @@ class ScriptedEngine:
 
     KINDS = ["search"] * 5 + ["multi", "unclosed", "empty", "answer", "noise", "eos", "long"]
 
-    def __init__(self, tokenizer, rng: random.Random, tag: str, fmt_name: str = "search_r1", kinds=None):
+    def __init__(self, tokenizer, rng: random.Random, tag: str, fmt_name: str = "search_r1", kinds=None, think: bool = False):
         self.tok, self.rng, self.tag, self.fmt_name = tokenizer, rng, tag, fmt_name
         self.kinds = kinds or self.KINDS
+        self.think = think  # each turn opens with a <think> block (what a thinking model writes)
         self.records: list[tuple[list[int], SamplingParams, Completion, str]] = []
 
     def _text(self) -> tuple[str, bool]:
         r = self.rng
         kind = r.choice(self.kinds)
         mode = r.choice(["ok", "ok", "err", "slow", "long"])
-        return scripted_turn(self.fmt_name, kind, self.tag, mode)
+        text, eos = scripted_turn(self.fmt_name, kind, self.tag, mode)
+        return (f"<think> plan {len(self.records)} </think>\n" + text if self.think else text), eos
 
     async def generate(self, prompt_ids, params):
         await asyncio.sleep(0)
@@ -122,8 +127,11 @@ def check_trajectory(traj, eng: ScriptedEngine, wf: ToolAgentWorkflow, invocatio
     inserted_mask = 0 if wf.mask_observations else 1
     pos, exp_invalid, exp_errors, exp_calls, n_search = 0, 0, 0, 0, 0
     for k, (prompt, params, c, text) in enumerate(eng.records):
-        # the k-th prompt is exactly the prompt + the completion so far
-        assert prompt == P + C[:pos]
+        # the k-th prompt is exactly the prompt + the completion so far (re-rendered by the chat template: stepwise, hermes)
+        assert prompt == traj.turn_prompt(k)
+        if not wf.rerender:
+            assert prompt == P + C[:pos]
+        assert traj.turn_spans[k] == [pos, pos + len(c.token_ids)]
         assert params.max_new_tokens == min(wf.params.max_new_tokens, wf.max_total_tokens - pos)
         final = k == wf.max_turns
         assert params.stop == (fmt.answer_stop if final else fmt.stop)
@@ -133,7 +141,7 @@ def check_trajectory(traj, eng: ScriptedEngine, wf: ToolAgentWorkflow, invocatio
         assert traj.logprobs[pos : pos + n] == c.logprobs
         assert traj.versions[pos : pos + n] == [c.version] * n
         pos += n
-        end = len(eng.records[k + 1][0]) - len(P) if k + 1 < len(eng.records) else len(C)
+        end = traj.turn_spans[k + 1][0] if k + 1 < len(eng.records) else len(C)
         obs = C[pos:end]
         assert len(obs) <= wf.max_obs_tokens
         assert traj.loss_mask[pos:end] == [inserted_mask] * len(obs)
@@ -172,9 +180,34 @@ def check_trajectory(traj, eng: ScriptedEngine, wf: ToolAgentWorkflow, invocatio
     if not wf.mask_observations:
         assert traj.metrics["unmasked_inserted_tokens"] == traj.metrics["obs_tokens"]
     assert traj.text == tok.decode(C, skip_special_tokens=True)
+    if traj.stepwise:
+        check_stepwise(traj, eng, wf)
 
 
-def run_random_episodes(tokenizer, seed: int, n_episodes: int = 8, fmt_name: str = "search_r1", kinds=None, **fixed):
+def check_stepwise(traj, eng: ScriptedEngine, wf: ToolAgentWorkflow):
+    """Stepwise: one training sample per engine call, token for token what the engine was given and returned."""
+    tok, P = wf.tokenizer, traj.prompt_ids
+    batch = TokenBatch.from_trajectories([traj])
+    assert len(batch) == len(eng.records) == len(traj.steps())
+    for k, (prompt, _, c, _) in enumerate(eng.records):
+        assert batch.prompt_ids[k] == prompt and batch.completion_ids[k] == c.token_ids
+        n = len(c.token_ids)
+        assert batch.loss_mask_BC[k, :n].tolist() == [1.0] * n and not batch.loss_mask_BC[k, n:].any()
+        assert batch.behav_logp_BC[k, :n].tolist() == pytest.approx(c.logprobs)
+        assert batch.versions_BC[k, :n].tolist() == [c.version] * n
+        assert batch.turn_BC[k, :n].tolist() == [k] * n and batch.turns_B[k] == len(eng.records)
+        if not wf.rerender:
+            continue
+        # re-rendered by the chat template: the task's prompt, then one assistant turn per earlier engine call
+        assert prompt[: len(P)] == P  # ChatML: the first prompt, whose assistant header opens the first turn
+        text = tok.decode(prompt, skip_special_tokens=False)
+        assert text.count("<|im_start|>assistant") == k + 1
+        if "</think>" in (tok.chat_template or ""):  # the thinking template
+            assert "<think>" not in text  # it dropped every earlier thought
+    assert traj.metrics["prefix_breaks"] == sum(p is not None for p in traj.turn_prompts)
+
+
+def run_random_episodes(tokenizer, seed: int, n_episodes: int = 8, fmt_name: str = "search_r1", kinds=None, think: bool = False, **fixed):
     """`n_episodes` scripted episodes under a random workflow config (`fixed` overrides its fields)."""
     rng = random.Random(f"config-{seed}")
     cfg = {
@@ -195,7 +228,7 @@ def run_random_episodes(tokenizer, seed: int, n_episodes: int = 8, fmt_name: str
         ToolExecutor(reg),
         **cfg,
     )
-    engines = [ScriptedEngine(tokenizer, random.Random(rng.random()), f"ep{i}", fmt_name, kinds) for i in range(n_episodes)]
+    engines = [ScriptedEngine(tokenizer, random.Random(rng.random()), f"ep{i}", fmt_name, kinds, think) for i in range(n_episodes)]
 
     async def main():
         return await asyncio.gather(*(wf.run(TASK, e, 1) for e in engines))
@@ -213,6 +246,55 @@ def run_random_episodes(tokenizer, seed: int, n_episodes: int = 8, fmt_name: str
 @given(seed=st.integers(0, 2**31), fmt_name=st.sampled_from(["search_r1", "dr_tulu", "hermes"]))
 def test_random_scripted_episodes_keep_the_contract(tiny_tokenizer, seed, fmt_name):
     run_random_episodes(tiny_tokenizer, seed, fmt_name=fmt_name)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**31), fmt_name=st.sampled_from(["search_r1", "dr_tulu", "hermes"]), think=st.booleans())
+def test_random_stepwise_episodes_train_on_exactly_what_the_engine_was_given(think_tokenizer, tiny_tokenizer, seed, fmt_name, think):
+    """rollout.trajectory=stepwise, with a chat template that drops earlier <think> blocks (and with
+    plain ChatML): every sample's prompt and completion are the engine call's ids, token for token."""
+    tok = think_tokenizer if think else tiny_tokenizer
+    trajs = run_random_episodes(tok, seed, fmt_name=fmt_name, think=think, trajectory="stepwise", mask_observations=True)
+    if fmt_name != "hermes":  # the text formats never re-render: every turn's prompt is the concatenation
+        assert all(p is None for t in trajs for p in t.turn_prompts)
+
+
+def test_stepwise_hermes_with_a_thinking_template_re_renders_every_turn(think_tokenizer):
+    """The template drops earlier thoughts: every turn after the first is sampled from a prompt that is
+    not the concatenation, and the samples carry those prompts."""
+    trajs = []
+    for seed in range(3):
+        trajs += run_random_episodes(think_tokenizer, seed, fmt_name="hermes", think=True, trajectory="stepwise", kinds=["search", "multi"],
+                                     max_new_tokens=128, max_turns=3, max_obs_tokens=40, max_total_tokens=1200, mask_observations=True)
+    multi = [t for t in trajs if len(t.turn_spans) > 1]
+    assert multi and all(t.metrics["prefix_breaks"] == len(t.turn_spans) - 1 for t in multi)
+    assert all(t.turn_prompts[0] is None and all(p is not None for p in t.turn_prompts[1:]) for t in multi)
+
+
+@pytest.mark.parametrize("template", ["drop_all", "qwen3_like"])
+def test_prefix_layout_refuses_a_template_that_rewrites_earlier_turns(tiny_texts, think_templates, template):
+    """Detected when the workflow is built: one line that names the fix. Qwen3's template keeps the
+    thoughts of tool turns but drops them once a user message follows (the invalid-action turn)."""
+    from seekrl.models import train_tiny_tokenizer
+
+    tok = train_tiny_tokenizer(tiny_texts, vocab_size=128)
+    tok.chat_template = think_templates[template]
+
+    def workflow(fmt_name, trajectory):
+        return ToolAgentWorkflow(tok, SamplingParams(max_new_tokens=8), Rubric(["qa_em"]), get_format(fmt_name),
+                                 ToolExecutor(ToolRegistry([make_search_tool({})])), trajectory=trajectory)
+
+    with pytest.raises(ConfigError, match=r"rewrites earlier turns .*set rollout\.trajectory=stepwise$") as e:
+        workflow("hermes", "prefix")
+    assert "\n" not in str(e.value) and "<think>" in str(e.value)
+    assert workflow("hermes", "stepwise").rerender
+    assert not workflow("search_r1", "prefix").rerender  # one assistant message the template never re-renders: no check
+
+
+def test_prefix_layout_accepts_a_template_that_keeps_earlier_turns(tiny_tokenizer):
+    wf = ToolAgentWorkflow(tiny_tokenizer, SamplingParams(max_new_tokens=8), Rubric(["qa_em"]), get_format("hermes"),
+                           ToolExecutor(ToolRegistry([make_search_tool({})])))
+    assert wf.trajectory == "prefix" and not wf.rerender
 
 
 @pytest.mark.parametrize("fmt_name", ["search_r1", "dr_tulu", "hermes"])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from seekrl.config import SECTIONS, Config, ConfigError, field_docs, load_config, parse_override
+from seekrl.config import SECTIONS, Config, ConfigError, field_docs, load_config, parse_override, reference_markdown
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
@@ -36,7 +36,8 @@ def test_single_item_list_and_null():
 def test_parse_override_shapes():
     assert parse_override("algo.kl_coef=0.01") == ("algo", "kl_coef", 0.01)
     assert parse_override("log.name=my run") == ("log", "name", "my run")
-    for bad in ("steps=5", "a.b.c=1", ".x=1"):
+    assert parse_override("algo.teacher.path=d") == ("algo", "teacher.path", "d")
+    for bad in ("steps=5", "a.b.c.d=1", ".x=1", "algo..path=1"):
         with pytest.raises(ConfigError):
             parse_override(bad)
 
@@ -55,7 +56,17 @@ def test_parse_override_shapes():
         (["algo.dual_clip=0.5"], "algo.dual_clip: must be > 1"),
         (["model.tiny_hidden=128", "model.tiny_heads=5"], "model.tiny_heads: must divide model.tiny_hidden (128), got 5"),
         (["model.tiny_intermediate=-1"], "model.tiny_intermediate: must be >= 0"),
-        (["algo.clip_low=1.2"], "algo.clip_low: must be in [0, 1)"),
+        (["algo.clip_low=1.2"], "algo.clip_low: must be in [0, 1]"),
+        (["algo.clip_low=1"], "algo.clip_low=1.0 must be below 1 for algo.policy_loss=ppo"),
+        (["algo.policy_loss=gpso"], "algo.policy_loss: 'gpso' is not one of ppo, gspo, gspo_token, cispo; did you mean 'gspo'?"),
+        (["algo.policy_loss=gspo", "algo.dual_clip=3"], "algo.policy_loss=gspo has none: drop algo.dual_clip"),
+        (["algo.name=distill"], "algo.name=distill needs a teacher: set algo.teacher.path=DIR"),
+        (["algo.teacher.path=tiny"], "algo.teacher is set but algo.name=grpo with algo.distill_coef=0 never asks it"),
+        (["algo.name=distill", "algo.teacher.path=tiny", "algo.teacher.url=http://127.0.0.1:1"], "keep one"),
+        (["algo.teacher.pth=x"], "unknown key 'algo.teacher.pth'; did you mean 'algo.teacher.path'?"),
+        (["algo.name.path=x"], "unknown key 'algo.name.path'"),
+        (["algo.teacher=3"], "algo.teacher: expected a mapping of key: value"),
+        (["algo.teacher.api=sglang", "algo.name=distill", "algo.teacher.url=http://127.0.0.1:1"], "algo.teacher.api: 'sglang' is not one of seekrl, vllm"),
         (["algo.loss_agg=mean"], "algo.loss_agg: 'mean' is not one of"),
         (["reward.weights=[1, 2]"], "reward.weights has 2 values for 1 reward.functions"),
         (["model.dtype=fp8"], "model.dtype: 'fp8' is not one of"),
@@ -190,7 +201,8 @@ def test_every_field_has_a_docstring():
     for name, cls in SECTIONS.items():
         docs = field_docs(cls)
         fields = set(cls.__dataclass_fields__)
-        assert fields == set(docs), f"{name}: fields without a docstring: {sorted(fields - set(docs))}"
+        top = {k.split(".")[0] for k in docs}  # a subsection's keys are listed as sub.key
+        assert fields == top, f"{name}: fields without a docstring: {sorted(fields - top)}"
     assert set(SECTIONS) == set(Config.__dataclass_fields__)
 
 
@@ -309,3 +321,30 @@ def test_every_float_key_refuses_nan_and_inf():
                     load_config(None, [f"{section}.{key}={value}"])
     cfg = load_config(None, ["train.lr=0", "train.max_nonfinite=0", "algo.kl_target=0.01", "generate.min_reward=-1"])
     assert cfg.train.lr == 0.0 and cfg.train.max_nonfinite == 0
+
+
+def test_each_objective_brings_its_clip_range_and_aggregation():
+    c = load_config(None, [])
+    assert (c.algo.policy_loss, c.algo.clip_low, c.algo.clip_high, c.algo.loss_agg) == ("ppo", 0.2, 0.2, "token-mean")
+    c = load_config(None, ["algo.policy_loss=gspo"])
+    assert (c.algo.clip_low, c.algo.clip_high, c.algo.loss_agg) == (3e-4, 4e-4, "seq-mean-token-mean")
+    c = load_config(None, ["algo.policy_loss=cispo"])
+    assert (c.algo.clip_low, c.algo.clip_high, c.algo.loss_agg) == (1.0, 5.0, "token-mean")
+    c = load_config(None, ["algo.policy_loss=gspo_token", "algo.clip_high=1e-3", "algo.loss_agg=token-mean"])
+    assert (c.algo.clip_low, c.algo.clip_high, c.algo.loss_agg) == (3e-4, 1e-3, "token-mean")  # what is set stays
+    assert load_config(None, []).algo.distill_coef == 0.0
+
+
+def test_subsection_keys_from_yaml_and_the_command_line(tmp_path):
+    p = tmp_path / "d.yaml"
+    p.write_text("algo:\n  name: distill\n  teacher:\n    path: tiny\n    timeout_s: 5\n")
+    c = load_config(p, ["algo.teacher.api=vllm"])
+    assert (c.algo.teacher.path, c.algo.teacher.timeout_s, c.algo.teacher.api, c.algo.distill_coef) == ("tiny", 5.0, "vllm", 1.0)
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(c.to_yaml())
+    assert load_config(saved).to_dict() == c.to_dict()
+    with pytest.raises(ConfigError, match=r"^algo\.teacher\.timeout_s: must be > 0 seconds, got -1"):
+        load_config(p, ["algo.teacher.timeout_s=-1"])
+    with pytest.raises(ConfigError, match=r"^algo\.teacher\.timeout_s: must be "):
+        load_config(p, ["algo.teacher.timeout_s=.nan"])
+    assert "| `algo.teacher.path` | `null` |" in reference_markdown()

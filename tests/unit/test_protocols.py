@@ -4,7 +4,8 @@
 protocol method must also exist on the implementation with the same kind (coroutine or not) and
 accept every parameter the protocol names, by the same name and kind; each protocol attribute
 must be set on a real instance. The protocols: InferenceEngine (engines/base.py), Workflow and
-RolloutSource (rollout/base.py), RewardFn and Scorer (rewards/base.py), Tool (tools/base.py).
+RolloutSource (rollout/base.py), RewardFn and Scorer (rewards/base.py), Tool (tools/base.py),
+Teacher (train/teacher.py).
 """
 
 from __future__ import annotations
@@ -144,3 +145,15 @@ def test_rollout_sources(tiny_model, tiny_tokenizer):
     asyn = AsyncRollout(wf, engine, it, params, group_size=2, tasks_per_step=1, max_staleness=1, max_concurrent=2, seed=0)
     for source in (sync, asyn, LeaderRollout(sync, Ranks(), torch.nn.Linear(1, 1)), FollowerRollout(Ranks())):
         assert conforms(source, RolloutSource) == [] and isinstance(source, RolloutSource), type(source).__name__
+
+
+def test_teachers(tiny_model, tiny_tokenizer):
+    from seekrl.engines.scoring import TeacherClient
+    from seekrl.train.plan import MicroBatchPlan
+    from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher
+
+    client = TeacherClient("http://127.0.0.1:9")  # nothing is contacted at construction
+    plan = MicroBatchPlan(1024, tiny_tokenizer.pad_token_id, torch.device("cpu"))
+    for teacher in (LocalTeacher(tiny_model, plan, 1.0), RemoteTeacher(client, 1.0)):
+        assert conforms(teacher, Teacher) == [] and isinstance(teacher, Teacher), type(teacher).__name__
+    client.close()

@@ -1,0 +1,60 @@
+"""Per-turn rewards: the Rubric's weighing and checks, and `retrieved_gold_turn` by hand."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from seekrl.rewards import REWARD_FUNCTIONS, RewardResult, Rubric, TurnContext
+from seekrl.types import Task
+
+TASK = Task(id="q", prompt=[], answer=["Paris", "Paris, France"])
+
+
+def score(rubric, completion="", **ctx):
+    return asyncio.run(rubric.score(completion, TASK, **ctx))
+
+
+def test_retrieved_gold_turn_credits_the_first_search_that_found_the_gold():
+    turns = [
+        TurnContext("<tool_call>...</tool_call>", ("search",), ("Doc 1(Title: Lyon) Lyon is a city.",)),
+        TurnContext("<tool_call>...</tool_call>", ("lookup", "search"), ("paris is here but not a search", "The capital is PARIS.")),
+        TurnContext("<tool_call>...</tool_call>", ("search",), ("Paris again.",)),  # found again: nothing more
+        TurnContext("<answer>Paris</answer>"),
+    ]
+    r = REWARD_FUNCTIONS["retrieved_gold_turn"]("", TASK, turns=turns)
+    assert r.turn_rewards == [0.0, 1.0, 0.0, 0.0] and r.total == 1.0
+    miss = REWARD_FUNCTIONS["retrieved_gold_turn"]("", TASK, turns=turns[:1] + turns[3:])
+    assert miss.turn_rewards == [0.0, 0.0] and miss.total == 0.0
+    # only the named tools count; without ctx turns the completion is one turn that called nothing
+    from seekrl.rewards.rubric import resolve_reward
+
+    lookup = resolve_reward("retrieved_gold_turn", {"tools": ["lookup"]})
+    assert lookup("", TASK, turns=turns).turn_rewards == [0.0, 1.0, 0.0, 0.0]
+    assert REWARD_FUNCTIONS["retrieved_gold_turn"]("<information>Paris</information>", TASK).turn_rewards == [0.0]
+
+
+def test_rubric_weighs_and_sums_per_turn_rewards():
+    def a(completion, task, **ctx):
+        return RewardResult(1.0, turn_rewards=[1.0, 0.0, 2.0])
+
+    def b(completion, task, **ctx):
+        return RewardResult(0.5, {"x": 1.0}, turn_rewards=[0.0, 4.0, 0.0])
+
+    def c(completion, task, **ctx):
+        return 3.0
+
+    turns = [TurnContext("t")] * 3
+    r = score(Rubric([a, b, c], [2.0, 0.5, 1.0]), turns=turns)
+    assert r.total == 2.0 + 0.25 + 3.0 and r.parts == {"a": 1.0, "b": 0.5, "b/x": 1.0, "c": 3.0}
+    assert r.turn_rewards == [2.0, 2.0, 4.0]  # 2 * [1, 0, 2] + 0.5 * [0, 4, 0]
+    assert score(Rubric([c]), turns=turns).turn_rewards is None  # no function gives any: None, the old result
+    with pytest.raises(ValueError, match="returned 3 turn rewards for an episode of 2 turns"):
+        score(Rubric([a]), turns=turns[:2])
+
+
+def test_rubric_knows_whether_it_gives_per_turn_rewards():
+    assert Rubric(["qa_em", "retrieved_gold_turn"]).per_turn is True
+    assert Rubric(["qa_em", "format"]).per_turn is False
+    assert Rubric(["qa_em", "seekrl.rewards.qa:qa_f1"]).per_turn is None  # a user's path might
