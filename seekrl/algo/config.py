@@ -15,15 +15,14 @@ from typing import Annotated, Literal
 from seekrl.errors import ConfigError
 from seekrl.schema import Range
 
-__all__ = ["AlgoConfig", "TeacherConfig", "AlgoName", "PolicyLoss", "LossAgg", "KLKind", "ALGOS", "POLICY_LOSSES", "AGG_MODES",
-           "KL_KINDS", "GROUP_ALGOS"]
+__all__ = ["AlgoConfig", "TeacherConfig", "AlgoName", "PolicyLoss", "LossAgg", "KLKind", "ALGOS", "AGG_MODES",
+           "KL_KINDS", "GROUP_ALGOS", "OBJECTIVE_DEFAULTS"]
 
 AlgoName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo", "distill"]
 PolicyLoss = Literal["ppo", "gspo", "gspo_token", "cispo"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLKind = Literal["k1", "k2", "k3"]
 ALGOS: tuple[str, ...] = typing.get_args(AlgoName)
-POLICY_LOSSES: tuple[str, ...] = typing.get_args(PolicyLoss)
 AGG_MODES: tuple[str, ...] = typing.get_args(LossAgg)
 KL_KINDS: tuple[str, ...] = typing.get_args(KLKind)
 GROUP_ALGOS = ("grpo", "dr_grpo", "rloo")  # a group baseline: G >= 2 samples per task
@@ -119,7 +118,7 @@ class AlgoConfig:
 
     def resolved(self) -> AlgoConfig:
         """A copy with the objective's own defaults where a key is null (config.resolve calls it)."""
-        lo, hi, agg = OBJECTIVE_DEFAULTS[self.policy_loss] if self.policy_loss in OBJECTIVE_DEFAULTS else OBJECTIVE_DEFAULTS["ppo"]
+        lo, hi, agg = OBJECTIVE_DEFAULTS.get(self.policy_loss, OBJECTIVE_DEFAULTS["ppo"])  # (a bad name is reported by the checks)
         return dataclasses.replace(
             self, clip_low=lo if self.clip_low is None else self.clip_low, clip_high=hi if self.clip_high is None else self.clip_high,
             loss_agg=agg if self.loss_agg is None else self.loss_agg,

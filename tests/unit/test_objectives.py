@@ -5,11 +5,12 @@ padding, where the log-probs hold garbage that must not leak in). Hand values in
 """
 
 import math
+import typing
 
 import pytest
 import torch
 
-from seekrl.algo.config import POLICY_LOSSES as POLICY_LOSS_NAMES
+from seekrl.algo.config import OBJECTIVE_DEFAULTS, PolicyLoss
 from seekrl.algo.losses import POLICY_LOSSES, aggregate, cispo_loss, gspo_loss, policy_loss
 
 T = torch.tensor
@@ -30,7 +31,7 @@ def ragged():
 
 
 def test_every_configured_objective_has_a_loss():
-    assert set(POLICY_LOSSES) == set(POLICY_LOSS_NAMES)
+    assert set(POLICY_LOSSES) == set(typing.get_args(PolicyLoss)) == set(OBJECTIVE_DEFAULTS)
 
 
 def test_gspo_sequence_ratio_clipping_and_gradient_by_hand():
