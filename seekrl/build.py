@@ -53,7 +53,7 @@ from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher, teacher_f
 
 __all__ = ["run_folder", "sampler_settings", "build_workflow", "build_rl", "policy_trainer", "critic_trainer", "build_eval",
            "build_sft", "build_generate", "write_initial_weights", "local_engine", "check_teacher", "build_teacher",
-           "check_chat_template"]
+           "check_chat_template", "check_agent"]
 
 
 def run_folder(cfg: Config, write: bool = True) -> Path:
@@ -80,17 +80,24 @@ def _rubric(cfg: Config) -> Rubric:
 
 
 def build_workflow(cfg: Config, tokenizer, rubric: Rubric) -> Workflow:
-    """Single-turn RLVR, or the multi-turn tool agent when `tools.format` is set."""
+    """Single-turn RLVR, the multi-turn tool agent when `tools.format` is set, or the user's
+    OpenAI-client agent when `rollout.agent` is."""
     from seekrl.workflows.single_turn import SingleTurnWorkflow
 
     params = sampling_params(cfg.rollout)
+    r = cfg.rollout
+    if r.agent is not None:
+        from seekrl.workflows.agent import AgentWorkflow, load_agent
+
+        return AgentWorkflow(tokenizer, params, rubric, load_agent(r.agent), agent_kwargs=r.agent_kwargs, max_calls=r.agent_max_calls,
+                             max_tokens=r.agent_max_tokens, timeout_s=r.agent_timeout_s, trajectory=r.trajectory,
+                             context=cfg.model.max_context)
     if cfg.tools.format is None:
         return SingleTurnWorkflow(tokenizer, params, rubric)
     from seekrl.tools.parsers import get_format
     from seekrl.tools.setup import make_tool_executor
     from seekrl.workflows.tool_agent import ToolAgentWorkflow
 
-    r = cfg.rollout
     return ToolAgentWorkflow(
         tokenizer, params, rubric, get_format(cfg.tools.format), make_tool_executor(cfg.tools), max_turns=r.max_turns,
         max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens, mask_observations=r.mask_observations,
@@ -140,6 +147,14 @@ def check_chat_template(cfg: Config) -> None:
         check_prefix_template(tokenizer, HermesFormat())
 
 
+def check_agent(cfg: Config) -> None:
+    """rollout.agent names a function that imports (before any model loads; one line if not)."""
+    if cfg.rollout.agent is not None:
+        from seekrl.workflows.agent import load_agent
+
+        load_agent(cfg.rollout.agent)
+
+
 def check_resume_path(resume: str) -> None:
     """train.resume naming a folder that does not exist fails here, in one line, before any model loads
     (the full check of an existing checkpoint runs when it is loaded)."""
@@ -159,6 +174,7 @@ def build_rl(cfg: Config) -> RLRun:
         raise ConfigError(f"algo.turn_advantage=true but no reward of reward.functions={rubric.names} gives per-turn rewards; "
                           "add one (e.g. retrieved_gold_turn) or set algo.turn_advantage=false")
     check_chat_template(cfg)
+    check_agent(cfg)
     tasks = _task_sets(cfg)
     ranks = init_ranks(t.dist_backend, t.fsdp, t.dist_timeout_s, lora=m.lora_r > 0, device=m.device)
     run_dir = run_folder(cfg, write=ranks.is_main)
@@ -178,6 +194,8 @@ def build_rl(cfg: Config) -> RLRun:
     except BaseException:
         if engine is not None:
             engine.close()  # servers started above stop
+        if workflow is not None:
+            workflow.close()
         raise
 
 
@@ -311,6 +329,7 @@ def build_eval(cfg: Config) -> EvalRun:
     runs/<name>/eval/, next to the training run's files."""
     if not cfg.data.eval:
         raise ConfigError("data.eval is not set; name the tasks to evaluate (e.g. data.eval=gsm8k:test)")
+    check_agent(cfg)
     rubric = _rubric(cfg)
     d = cfg.data
     tasks = load_split(d.eval, d, "test", d.max_eval, cfg.train.seed)

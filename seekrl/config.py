@@ -176,6 +176,12 @@ VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more
 def _check_between(cfg: Config) -> None:
     """The rules that tie keys of two sections together."""
     m, r, a, t, e, tl = cfg.model, cfg.rollout, cfg.algo, cfg.train, cfg.engine, cfg.tools
+    if r.agent is not None:
+        if tl.format is not None:
+            raise ConfigError(f"rollout.agent runs its own tools, so tools.format={tl.format} has no use; drop tools.format (or rollout.agent)")
+        if a.name not in (*GROUP_ALGOS, "distill"):
+            raise ConfigError(f"rollout.agent episodes whose calls do not extend each other train one sample per call, with their episode's "
+                              f"advantage from a group baseline; algo.name={a.name} takes returns along one sequence: use grpo, dr_grpo, rloo or distill")
     if r.group_size < 2 and a.name in GROUP_ALGOS:
         raise ConfigError(f"rollout.group_size: {a.name} needs at least 2 samples per task for its group baseline")
     if r.batch_size % t.minibatches:

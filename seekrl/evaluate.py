@@ -259,6 +259,7 @@ class EvalRun:
     progress: bool
 
     def close(self) -> None:
+        self.workflow.close()
         self.engine.close()
 
 

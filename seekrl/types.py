@@ -81,7 +81,7 @@ class Trajectory:
     finish_reason: str = "answered"  # answered | max_turns | length | error
     metrics: dict[str, float] = field(default_factory=dict)
     text: str = ""  # decoded completion (derived from completion_ids, for rewards and logs)
-    status: str = "ok"  # ok | engine_error | tool_unavailable | reward_unavailable | version_mismatch: an infrastructure failure is excluded from the update, not learned from
+    status: str = "ok"  # ok | engine_error | tool_unavailable | reward_unavailable | version_mismatch | agent_error: an infrastructure failure is excluded from the update, not learned from
     turn_spans: list[list[int]] = field(default_factory=list)  # [start, end) of each engine call's sampled tokens in completion_ids
     turn_prompts: list[list[int] | None] | None = None  # stepwise layout: each turn's prompt ids where they are not prompt_ids + completion_ids[:start] (None there); None: prefix layout
     turn_rewards: list[float] | None = None  # one reward per turn, when a reward function gives them (Rubric)

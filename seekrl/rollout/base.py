@@ -13,8 +13,9 @@ of a task samples with `stable_seed(params.seed, task.id, i)` (rollout/__init__.
 else shares the engine. `prompt_ids` is the token prompt of a task's first turn (the trainer
 drops tasks whose prompt is longer than rollout.max_prompt_tokens). SingleTurnWorkflow
 (workflows/single_turn.py: one completion per episode, RLVR) and ToolAgentWorkflow
-(workflows/tool_agent.py: the multi-turn tool loop) are the two seekrl ships; a custom agent
-implements these two methods. A multi-turn agent appends each engine call with
+(workflows/tool_agent.py: the multi-turn tool loop) are seekrl's own, AgentWorkflow
+(workflows/agent.py) runs an agent written against the OpenAI API; a custom agent implements
+these methods (`close()` releases what it started, e.g. the agent endpoint; the run calls it once). A multi-turn agent appends each engine call with
 `Trajectory.append_turn` (its span; the turn level of rewards and advantages); to be trained one
 sample per turn (rollout.trajectory=stepwise) it creates its trajectories with `turn_prompts=[]`
 and passes each call's prompt ids to `append_turn`.
@@ -50,6 +51,8 @@ class Workflow(Protocol):
     def prompt_ids(self, task: Task) -> list[int]: ...
 
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass

@@ -51,6 +51,16 @@ class RolloutConfig:
     """Async: a batch is trained on only if every sampled token in it came from a policy at most this many versions older (AReaL's max_head_offpolicyness); 0 gives the sync results."""
     max_concurrent: int | None = None
     """Async: episodes in flight at once (a multiple of group_size is best); none = batch_size."""
+    agent: str | None = None
+    """An agent written against the OpenAI API, trained as it is: package.module:function (or path/to/agent.py:function), called as function(task, base_url, api_key, **agent_kwargs) once per episode with its own loopback endpoint (workflows/agent.py); none = seekrl's own workflows."""
+    agent_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments for rollout.agent (e.g. {retriever_url: ...})."""
+    agent_max_calls: Annotated[int, Range(ge=1)] = 8
+    """rollout.agent: model calls per episode; past it the endpoint answers 400 and the episode ends (finish_reason max_calls)."""
+    agent_max_tokens: Annotated[int, Range(ge=1)] = 1024
+    """rollout.agent: sampled tokens per episode over all its calls (finish_reason length past it)."""
+    agent_timeout_s: Annotated[float, Range(gt=0)] = 300.0
+    """rollout.agent: seconds per episode; an episode past it is left out of the update (status agent_error) and counted."""
 
     @property
     def tasks_per_step(self) -> int:

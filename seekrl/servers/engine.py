@@ -74,10 +74,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from seekrl.engines.launch import ENGINE_TOKEN_ENV
-from seekrl.engines.scoring import vocab_digest
-from seekrl.servers.flags import engine_flags
-from seekrl.servers.guards import (
+from seekrl.api.guards import (
     Guard,
     HTTPError,
     add_status_routes,
@@ -90,6 +87,9 @@ from seekrl.servers.guards import (
     resolve_token,
     validation_message,
 )
+from seekrl.engines.launch import ENGINE_TOKEN_ENV
+from seekrl.engines.scoring import vocab_digest
+from seekrl.servers.flags import engine_flags
 from seekrl.types import Completion, SamplingParams
 
 __all__ = ["make_app", "serve_engine", "run_from_args", "main", "TOKEN_ENV", "GenerateRequest", "ScoreRequest", "completion_body",

@@ -12,7 +12,7 @@ trained against the local tool see the same observations.
 Built with fastmcp 4 (`FastMCP`, `@server.tool`, `run(transport="http" | "stdio")`); the
 endpoint is `http://HOST:PORT/mcp`. Bearer token (HTTP only): the MCP SDK's bearer middleware
 reads `Authorization: Bearer <token>` (scheme in any case, as RFC 7235 has it) and answers 401
-without it; `GuardTokenVerifier` compares the token in constant time with servers/guards.py's
+without it; `GuardTokenVerifier` compares the token in constant time with api/guards.py's
 `token_matches`, as the policy and retrieval servers do. Without `token`, $SEEKRL_MCP_TOKEN is
 used when set, which keeps the secret out of argv. stdio needs no token: only the process that
 started the server can talk to it. Request bodies are parsed by fastmcp, not by a `Guard`, but
@@ -31,9 +31,9 @@ import logging
 import os
 from pathlib import Path
 
+from seekrl.api.guards import check_port, resolve_token, token_matches
 from seekrl.retrieval.retriever import LocalRetriever, load_index
 from seekrl.servers.flags import index_flags
-from seekrl.servers.guards import check_port, resolve_token, token_matches
 from seekrl.tools.search import format_passages
 
 __all__ = ["make_mcp_server", "serve_mcp", "token_verifier", "BodyLimit", "body_limit", "TOKEN_ENV", "MAX_TOPK",

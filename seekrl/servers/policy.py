@@ -32,7 +32,7 @@ Departures from OpenAI's API:
   `"detail"` (the same one-line message): 400 bad payload (not JSON / UTF-8, nested deeper than
   `max_depth`, a lone surrogate in a string, wrong types, more than `max_completions_per_request`
   prompts x n), 401 missing / wrong bearer token, 413 body over `max_body_bytes` or more than
-  `max_prompts_per_request` prompts, 500 engine failure. The checks are servers/guards.py's `Guard`.
+  `max_prompts_per_request` prompts, 500 engine failure. The checks are api/guards.py's `Guard`.
 - A client that disconnects before its answer has its generation cancelled (LocalEngine drops
   the rows), counted in /server_info's "cancelled".
 
@@ -50,11 +50,9 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from seekrl.models import encode_chat
-from seekrl.servers.flags import policy_flags
-from seekrl.servers.guards import (
+from seekrl.api.guards import (
     ClientGone,
     Guard,
     HTTPError,
@@ -62,10 +60,22 @@ from seekrl.servers.guards import (
     cancel_on_disconnect,
     check_port,
     check_temperature,
-    json_error,
     openapi_body,
     resolve_token,
 )
+from seekrl.api.openai_wire import (
+    MAX_N,
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    chat_logprobs,
+    chat_messages,
+    cut_at_stop,
+    openai_error,
+    stop_list,
+)
+from seekrl.models import encode_chat
+from seekrl.servers.flags import policy_flags
 from seekrl.types import SamplingParams
 
 __all__ = ["make_app", "serve_policy", "main", "TOKEN_ENV", "ChatRequest", "CompletionRequest"]
@@ -73,70 +83,12 @@ __all__ = ["make_app", "serve_policy", "main", "TOKEN_ENV", "ChatRequest", "Comp
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "SEEKRL_POLICY_TOKEN"
-MAX_N = 128
-MAX_STOPS = 16
-SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1 - MAX_N}  # seed + i must fit torch's generator
-
-
-class _Sampling(BaseModel):
-    """Fields shared by both endpoints; null means the default, as if absent."""
-
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    n: int | None = Field(default=None, ge=1, le=MAX_N)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, **SEED_RANGE)
-    stream: bool | None = None
-
-
-class ChatRequest(_Sampling):
-    messages: list[dict] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0)
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(default=None, ge=0, le=5)
-    echo: bool | None = None
-
-
-def _error(err: HTTPError) -> JSONResponse:
-    """OpenAI's error shape, plus this repo's "detail" (the same message)."""
-    kind = "authentication_error" if err.status == 401 else "server_error" if err.status >= 500 else "invalid_request_error"
-    error = {"message": err.message, "type": kind, "param": err.param, "code": None}
-    return json_error(err, {"error": error, "detail": err.message})
 
 
 def _context_length(engine) -> int | None:
     config = getattr(getattr(engine, "model", None), "config", None)
     n = getattr(config, "max_position_embeddings", None)
     return int(n) if isinstance(n, int) and n > 0 else None
-
-
-def _message_text(content, i: int) -> str:
-    """OpenAI content: a string, null, or a list of parts of which only text parts are supported."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise HTTPError(400, f"messages.{i}.content: only text parts are supported, got {kind!r}", "messages")
-        return "".join(texts)
-    raise HTTPError(400, f"messages.{i}.content must be a string or a list of text parts", "messages")
-
-
-def _cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
-    cuts = [k for k in (text.find(s) for s in stops) if k >= 0]
-    return text[: min(cuts)] if cuts else text
 
 
 def make_app(
@@ -177,7 +129,7 @@ def make_app(
             raise HTTPError(400, "streaming is not supported by this server: send stream=false (or leave it out)", "stream")
         return req
 
-    def sampling(req: _Sampling, prompt_len: int, max_tokens: int | None) -> tuple[SamplingParams, int]:
+    def sampling(req: Sampling, prompt_len: int, max_tokens: int | None) -> tuple[SamplingParams, int]:
         check_temperature(req.temperature)
         room = None if context is None else context - prompt_len
         if room is not None and room < 1:
@@ -190,16 +142,14 @@ def make_app(
             raise HTTPError(
                 400, f"max_tokens={max_tokens} + the prompt's {prompt_len} tokens is over this model's context of {context} tokens", "max_tokens"
             )
-        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        if len(stops) > MAX_STOPS:
-            raise HTTPError(400, f"{len(stops)} stop strings; at most {MAX_STOPS}", "stop")
+        stops = stop_list(req.stop)
         top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
         params = SamplingParams(
             max_new_tokens=max_tokens,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=top_k,
-            stop=tuple(s for s in stops if s),
+            stop=tuple(stops),
             seed=req.seed,
         )
         return params, req.n or 1
@@ -241,14 +191,14 @@ def make_app(
         return outs
 
     def text_of(c, params: SamplingParams) -> str:
-        return _cut_at_stop(tokenizer.decode(c.token_ids, skip_special_tokens=True), params.stop)
+        return cut_at_stop(tokenizer.decode(c.token_ids, skip_special_tokens=True), params.stop)
 
     def usage(prompts: list[list[int]], outs) -> dict:
         p, c = sum(len(x) for x in prompts), sum(len(o.token_ids) for o in outs)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     async def guarded(request: Request, handler):
-        return await guard.answer(request, handler, _error)
+        return await guard.answer(request, handler, openai_error)
 
     def info() -> dict:
         limits = {
@@ -257,7 +207,7 @@ def make_app(
         }
         return {"model": model_name, "version": getattr(engine, "version", None), "limits": limits}
 
-    add_status_routes(app, guard, _error, info)
+    add_status_routes(app, guard, openai_error, info)
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -274,11 +224,7 @@ def make_app(
             req = await read_payload(request, ChatRequest)
             if req.top_logprobs:
                 raise HTTPError(400, "top_logprobs > 0 is not supported: only the sampled tokens' log-probs are available", "top_logprobs")
-            messages = []
-            for i, m in enumerate(req.messages):
-                if not isinstance(m.get("role"), str):
-                    raise HTTPError(400, f"messages.{i}: every message needs a string 'role'", "messages")
-                messages.append({**m, "content": _message_text(m.get("content"), i)})
+            messages = chat_messages(req.messages)
             try:
                 prompt = encode_chat(tokenizer, messages)
             except Exception as e:  # no chat template, a role the template rejects, ...
@@ -290,10 +236,7 @@ def make_app(
             for i, c in enumerate(outs):
                 logprobs = None
                 if req.logprobs:
-                    logprobs = {"content": [
-                        {"token": token_text(t), "logprob": lp, "bytes": None, "top_logprobs": []}
-                        for t, lp in zip(c.token_ids, c.logprobs)
-                    ]}
+                    logprobs = chat_logprobs(tokenizer, c.token_ids, c.logprobs)
                 message = {"role": "assistant", "content": text_of(c, params)}
                 choices.append({"index": i, "message": message, "finish_reason": c.finish_reason, "logprobs": logprobs})
             return JSONResponse({

@@ -18,7 +18,7 @@ Departures from Search-R1's server, all opt-in or error paths only:
 - Optional bearer token (401 with a JSON message when missing or wrong), request body limit
   (413), at most `max_queries` queries per request (400), readable one-line 422s for bad
   payloads and 400s for bodies that are not JSON / UTF-8, nest deeper than `max_depth` or hold a
-  lone surrogate: servers/guards.py's `Guard`, shared with the policy server.
+  lone surrogate: api/guards.py's `Guard`, shared with the policy server.
 - A failing search is a 500 `{"detail": ...}`, counted in /server_info's "errors" and logged.
 - A client that disconnects before its answer has its search cancelled (counted as "cancelled";
   a search already running in LocalRetriever's thread finishes there, unread).
@@ -38,8 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from seekrl.retrieval.retriever import LocalRetriever, Retriever, SearchIndex, load_index
-from seekrl.servers.guards import (
+from seekrl.api.guards import (
     ClientGone,
     Guard,
     HTTPError,
@@ -50,6 +49,7 @@ from seekrl.servers.guards import (
     openapi_body,
     resolve_token,
 )
+from seekrl.retrieval.retriever import LocalRetriever, Retriever, SearchIndex, load_index
 
 __all__ = ["QueryRequest", "make_app", "serve", "serve_retriever", "DEFAULT_TOPK", "TOKEN_ENV"]
 

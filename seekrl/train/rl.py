@@ -87,7 +87,10 @@ class RLRun:
     teacher: Teacher | None = None  # on-policy distillation (algo.teacher): scores the student's tokens
 
     def close(self) -> None:
-        """Release the engine (the servers a run started stop), the teacher, and leave the process group."""
+        """Release the workflow (an agent endpoint), the engine (the servers a run started stop), the
+        teacher, and leave the process group."""
+        if self.workflow is not None:
+            self.workflow.close()
         if self.engine is not None:
             self.engine.close()
         if self.teacher is not None:
@@ -217,7 +220,7 @@ def usable(trajs: list[Trajectory], group_ids: list[int], stats: StatsTracker) -
     `rollout/excluded/<status>` and `rollout/excluded_frac`. A group keeps its usable members:
     the baseline is taken over them."""
     keep = [t.status == "ok" for t in trajs]
-    counts = {"engine_error": 0, "tool_unavailable": 0, "reward_unavailable": 0, "version_mismatch": 0}
+    counts = {"engine_error": 0, "tool_unavailable": 0, "reward_unavailable": 0, "version_mismatch": 0, "agent_error": 0}
     for t, k in zip(trajs, keep):
         if not k:
             counts[t.status] = counts.get(t.status, 0) + 1

@@ -32,6 +32,9 @@ class SingleTurnWorkflow:
             ids = self._prompt_cache[task.id] = encode_chat(self.tokenizer, task.prompt)
         return ids
 
+    def close(self) -> None:
+        """Nothing to release (the tool executor's clients belong to the run)."""
+
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
         params = params or self.params
         prompt_ids = self.prompt_ids(task)

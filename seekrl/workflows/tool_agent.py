@@ -155,6 +155,9 @@ class ToolAgentWorkflow:
             ids = self._prompt_cache[task.id] = encode_chat_with_tools(self.tokenizer, task.prompt, self.tools)
         return ids
 
+    def close(self) -> None:
+        """Nothing to release (the tool executor's clients belong to the run)."""
+
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
         params = params or self.params
         prompt_ids = self.prompt_ids(task)

@@ -102,6 +102,9 @@ class SimWorkflow:
     def prompt_ids(self, task):
         return [1, 2, 3]
 
+    def close(self):
+        pass
+
     async def run(self, task, engine, n, params=None):
         async def one(p):
             c = await engine.generate([1, 2, 3], p)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from seekrl.servers.guards import (
+from seekrl.api.guards import (
     ClientGone,
     Guard,
     HTTPError,

@@ -87,6 +87,7 @@ def test_workflows_and_scorers(tiny_tokenizer, tmp_path):
     from seekrl.tools.parsers import get_format
     from seekrl.tools.setup import make_tool_executor
     from seekrl.types import SamplingParams
+    from seekrl.workflows.agent import AgentWorkflow
     from seekrl.workflows.single_turn import SingleTurnWorkflow
     from seekrl.workflows.tool_agent import ToolAgentWorkflow
 
@@ -94,7 +95,8 @@ def test_workflows_and_scorers(tiny_tokenizer, tmp_path):
     rubric = Rubric(["qa_em", "format"])
     executor = make_tool_executor(ToolsConfig(format="search_r1", retriever=str(tmp_path / "index")))
     for wf in (SingleTurnWorkflow(tiny_tokenizer, SamplingParams(), rubric),
-               ToolAgentWorkflow(tiny_tokenizer, SamplingParams(), rubric, get_format("search_r1"), executor)):
+               ToolAgentWorkflow(tiny_tokenizer, SamplingParams(), rubric, get_format("search_r1"), executor),
+               AgentWorkflow(tiny_tokenizer, SamplingParams(), rubric, lambda task, base_url, api_key: None)):
         assert conforms(wf, Workflow) == [] and isinstance(wf, Workflow), type(wf).__name__
     assert conforms(rubric, Scorer) == [] and rubric.names == ["qa_em", "format"]
     search = executor.registry.get("search")
