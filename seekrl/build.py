@@ -25,6 +25,7 @@ from seekrl.algo.advantages import AdaptiveKLController, FixedKLController
 from seekrl.algo.config import AlgoConfig
 from seekrl.algo.mismatch import Correction
 from seekrl.config import Config
+from seekrl.data.curriculum import curriculum_key, keep_filter
 from seekrl.data.sets import TaskSets, load_split, load_task_sets, tiny_texts_of
 from seekrl.engines.base import InferenceEngine, text_decoder
 from seekrl.engines.local import LocalEngine
@@ -52,8 +53,8 @@ from seekrl.train.sft import SFTRun, load_sft_rows, tiny_texts, tokenize_example
 from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher, teacher_folder, teacher_plan, tokenizer_problem
 
 __all__ = ["run_folder", "sampler_settings", "build_workflow", "build_rl", "policy_trainer", "critic_trainer", "build_eval",
-           "build_sft", "build_generate", "write_initial_weights", "local_engine", "check_teacher", "build_teacher",
-           "check_chat_template", "check_agent"]
+           "build_curriculum", "curriculum_cache_key", "build_sft", "build_generate", "write_initial_weights", "local_engine",
+           "check_teacher", "build_teacher", "check_chat_template", "check_agent"]
 
 
 def run_folder(cfg: Config, write: bool = True) -> Path:
@@ -105,9 +106,44 @@ def build_workflow(cfg: Config, tokenizer, rubric: Rubric) -> Workflow:
     )
 
 
-def _task_sets(cfg: Config) -> TaskSets:
+def _task_sets(cfg: Config, curriculum: bool = False) -> TaskSets:
+    """`curriculum`: filtered by data.curriculum when it is set (the RL run; data/curriculum.py)."""
+    keep = keep_filter(cfg.data.curriculum, curriculum_cache_key(cfg)) if curriculum and cfg.data.curriculum else None
     return load_task_sets(cfg.data, seed=cfg.train.seed, tasks_per_step=cfg.rollout.tasks_per_step,
-                          tiny=cfg.model.path == "tiny", tools=cfg.tools.format is not None)
+                          tiny=cfg.model.path == "tiny", tools=cfg.tools.format is not None, keep=keep)
+
+
+def curriculum_cache_key(cfg: Config) -> dict:
+    """What a data.curriculum measurement depends on (its cache key): the starting model, the
+    training data and its prompts, data.curriculum_k, train.seed, and how it samples."""
+    d, r = cfg.data, cfg.rollout
+    train = [dataclasses.asdict(s) for s in d.train] if isinstance(d.train, list) else d.train
+    data = {"train": train, "max_train": d.max_train, "converter": d.converter, "prompt_field": d.prompt_field,
+            "answer_field": d.answer_field, "template": d.template, "system_prompt": d.system_prompt,
+            "user_template": d.user_template, "max_prompt_tokens": r.max_prompt_tokens}
+    return curriculum_key(model=cfg.model.path, data=data, k=d.curriculum_k, seed=cfg.train.seed, temperature=r.temperature,
+                          max_new_tokens=r.max_new_tokens)
+
+
+def build_curriculum(cfg: Config) -> EvalRun:
+    """What `seekrl curriculum` runs on: every data.train task (long prompts dropped as in training),
+    the starting policy of model.path built as `build_rl` builds it, the training workflow and
+    engine; data.curriculum_k samples per task at rollout.temperature, seeded
+    stable_seed(train.seed, "curriculum")."""
+    if not cfg.data.curriculum:
+        raise ConfigError("data.curriculum is not set; name the cache file to write (e.g. data.curriculum=runs/curriculum.json)")
+    rubric = _rubric(cfg)
+    check_chat_template(cfg)
+    tasks = _task_sets(cfg)
+    seed_everything(cfg.train.seed)
+    model, tokenizer = _policy(cfg, tasks.tiny_texts)
+    workflow = build_workflow(cfg, tokenizer, rubric)
+    tasks.drop_long_prompts(workflow.prompt_ids, cfg.rollout.max_prompt_tokens)
+    out = Path(cfg.data.curriculum).resolve().parent
+    engine = _engine(cfg, model, tokenizer, out)
+    params = sampling_params(cfg.rollout, seed=stable_seed(cfg.train.seed, "curriculum"))
+    return EvalRun(run_dir=out, tasks=tasks.train, workflow=workflow, engine=engine, tokenizer=tokenizer, n=cfg.data.curriculum_k,
+                   params=params, primary_reward=rubric.names[0], progress=cfg.log.progress)
 
 
 def _policy(cfg: Config, texts: list[str] | None, model: ModelConfig | None = None):
@@ -175,7 +211,7 @@ def build_rl(cfg: Config) -> RLRun:
                           "add one (e.g. retrieved_gold_turn) or set algo.turn_advantage=false")
     check_chat_template(cfg)
     check_agent(cfg)
-    tasks = _task_sets(cfg)
+    tasks = _task_sets(cfg, curriculum=True)
     ranks = init_ranks(t.dist_backend, t.fsdp, t.dist_timeout_s, lora=m.lora_r > 0, device=m.device)
     run_dir = run_folder(cfg, write=ranks.is_main)
     seed_everything(t.seed)

@@ -1,4 +1,4 @@
-"""`seekrl` command line: train, launch, sft, eval, index, serve (retriever, mcp, policy), config.
+"""`seekrl` command line: train, launch, sft, eval, curriculum, index, serve (retriever, mcp, policy), config.
 
     seekrl train examples/tiny_grpo.yaml train.steps=50 algo.name=ppo
     seekrl launch examples/tiny_grpo.yaml cluster.engine_servers=2   # trainer ranks + engine servers on Ray
@@ -7,6 +7,7 @@
     seekrl demo --recipe hotpotqa_smollm2          # SmolLM2-135M learns to search HotpotQA (about 1.3 h on a CPU)
     seekrl generate CONFIG generate.endpoint=http://127.0.0.1:8002/v1 generate.out=sft.jsonl   # or =teacher
     seekrl eval examples/gsm8k_grpo_smollm2.yaml model.path=runs/x/checkpoints/step_3/model
+    seekrl curriculum CONFIG data.curriculum=runs/curriculum.json   # pass rates of model.path on data.train (cached)
     seekrl index build --corpus hotpotqa --out runs/index/hotpotqa_bm25 --kind bm25
     seekrl serve retriever --index runs/index/hotpotqa_bm25 --port 8000 [--token T]
     seekrl serve mcp --index runs/index/hotpotqa_bm25 --port 8001
@@ -83,6 +84,10 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate model.path on data.eval with the training workflow; writes runs/<name>/eval/ (eval.json, eval.md, trajectories.jsonl)")
     e.add_argument("config")
     e.add_argument("overrides", nargs="*")
+    cu = sub.add_parser("curriculum", help="measure model.path's pass rate on data.train (data.curriculum_k samples each); "
+                        "write the data.curriculum cache that RL then filters by (0 < pass rate < 1)")
+    cu.add_argument("config")
+    cu.add_argument("overrides", nargs="*")
     ix = sub.add_parser("index", help="build a retrieval index (BM25 or dense) from a Search-R1 corpus")
     ixs = ix.add_subparsers(dest="index_command", metavar="ACTION", required=True)
     b = ixs.add_parser("build", help="index a corpus jsonl ({id, contents}) or a builtin corpus: hotpotqa, 2wiki")
@@ -189,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
             from seekrl.jobs import evaluate
 
             evaluate(cfg)
+        elif args.command == "curriculum":
+            from seekrl.jobs import curriculum
+
+            print(curriculum(cfg))
     except SeekrlError as e:  # bad input (exit 2), a dead or misconfigured engine server (1): errors.py
         print(f"seekrl: error: {e}", file=sys.stderr)
         return e.exit_status

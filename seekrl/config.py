@@ -184,6 +184,9 @@ def _check_between(cfg: Config) -> None:
                               f"advantage from a group baseline; algo.name={a.name} takes returns along one sequence: use grpo, dr_grpo, rloo or distill")
     if r.group_size < 2 and a.name in GROUP_ALGOS:
         raise ConfigError(f"rollout.group_size: {a.name} needs at least 2 samples per task for its group baseline")
+    if r.refill and not a.filter_zero_std:
+        raise ConfigError("rollout.refill=true replaces the groups algo.filter_zero_std drops; set algo.filter_zero_std=true "
+                          "(or rollout.refill=false)")
     if r.batch_size % t.minibatches:
         raise ConfigError(f"train.minibatches ({t.minibatches}) must divide rollout.batch_size ({r.batch_size})")
     if r.max_prompt_tokens + r.max_new_tokens > m.max_context:

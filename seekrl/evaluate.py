@@ -61,7 +61,7 @@ from seekrl.schema import Range
 from seekrl.types import MIN_TEMPERATURE, SamplingParams, Task, Trajectory, TrajectoryGroup
 
 __all__ = ["EvalConfig", "EvalRun", "run", "evaluate", "summarize", "score_trajectory", "final_answer", "is_math_task",
-           "pass_at_k", "pass_ks", "eval_table_markdown", "write_eval", "MATH_SOURCE_MARKERS"]
+           "pass_at_k", "pass_ks", "eval_table_markdown", "write_eval", "pass_counts", "MATH_SOURCE_MARKERS"]
 
 MATH_SOURCE_MARKERS = ("gsm8k", "math", "aime", "amc")
 
@@ -242,6 +242,16 @@ async def evaluate(workflow: Workflow, engine: InferenceEngine, tasks: list[Task
     metrics.update({f"eval/excluded/{s}": float(c) for s, c in sorted(excluded.items())})
     metrics["eval/excluded_frac"] = sum(excluded.values()) / max(1, sum(len(g.trajectories) for g in groups))
     return metrics, groups
+
+
+def pass_counts(groups: list[TrajectoryGroup]) -> list[tuple[Task, int, int]]:
+    """Per task of `evaluate`'s groups: (task, samples that ran (status ok), samples correct by
+    `score_trajectory`), the n and c of pass@k; `seekrl curriculum` keeps 0 < c < n."""
+    out = []
+    for g in groups:
+        ok = [t for t in g.trajectories if t.status == "ok"]
+        out.append((g.task, len(ok), int(sum(t.metrics["score/correct"] for t in ok))))
+    return out
 
 
 @dataclass

@@ -4,7 +4,8 @@
     from seekrl import jobs
     jobs.train(load_config("examples/tiny_grpo.yaml", ["train.steps=5"]))   # = seekrl train ...
 
-`train`, `sft`, `evaluate` and `generate` are what `seekrl train | sft | eval | generate` run,
+`train`, `sft`, `evaluate`, `generate` and `curriculum` are what `seekrl train | sft | eval |
+generate | curriculum` run,
 and what `seekrl demo`, the recipes and `seekrl launch`'s trainer ranks call. A job that starts
 engine servers stops them however it ends (normally, on an error, on Ctrl-C and on SIGTERM,
 which `terminate_as_exit` turns into SystemExit so that the `finally` blocks run).
@@ -13,17 +14,20 @@ which `terminate_as_exit` turns into SystemExit so that the `finally` blocks run
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 from seekrl import evaluate as evaluation
 from seekrl import generate as generation
-from seekrl.build import build_eval, build_generate, build_rl, build_sft
+from seekrl.build import build_curriculum, build_eval, build_generate, build_rl, build_sft, curriculum_cache_key
 from seekrl.config import Config
+from seekrl.data.curriculum import informative_counts, read_curriculum, write_curriculum
 from seekrl.engines.launch import terminate_as_exit
+from seekrl.errors import DataError
 from seekrl.train import rl
 from seekrl.train import sft as supervised
 
-__all__ = ["train", "sft", "evaluate", "generate"]
+__all__ = ["train", "sft", "evaluate", "generate", "curriculum"]
 
 
 def train(cfg: Config) -> Path:
@@ -55,3 +59,31 @@ def evaluate(cfg: Config) -> dict[str, float]:
 def generate(cfg: Config) -> dict:
     """Play the agent loop against `generate.endpoint` (or the scripted teacher); returns counts."""
     return generation.run(build_generate(cfg))
+
+
+def curriculum(cfg: Config) -> Path:
+    """Measure the starting model's pass rate on every data.train task (`seekrl eval`'s evaluator,
+    data.curriculum_k samples each) and write the data.curriculum cache (data/curriculum.py); a
+    cache already measured for this config is kept as it is. Returns its path."""
+    key = curriculum_cache_key(cfg)
+    path = Path(cfg.data.curriculum) if cfg.data.curriculum else None
+    if path is not None and path.is_file():
+        try:
+            read_curriculum(path, key)
+            print(f"data.curriculum: {path} is up to date (same model, data, k, seed, sampling)", file=sys.stderr)
+            return path
+        except DataError:
+            pass  # another key, or damaged: measured again
+    with terminate_as_exit():
+        run = build_curriculum(cfg)  # data.curriculum unset: a ConfigError
+        try:
+            _, groups = asyncio.run(evaluation.evaluate(run.workflow, run.engine, run.tasks, run.n, run.params,
+                                                        run.primary_reward, progress=run.progress))
+        finally:
+            run.close()
+    counts = evaluation.pass_counts(groups)
+    write_curriculum(path, key, counts)
+    kept = sum(informative_counts(n, c) for _, n, c in counts)
+    print(f"data.curriculum: {kept} of {len(counts)} tasks solved in some but not all of {run.n} samples; wrote {path}",
+          file=sys.stderr)
+    return path

@@ -14,11 +14,11 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from seekrl.data.tiny import KINDS
 from seekrl.errors import ConfigError
-from seekrl.schema import did_you_mean
+from seekrl.schema import Range, did_you_mean
 
 __all__ = ["DataConfig", "DataSource", "DATA_SLICE", "TINY_ROWS"]
 
@@ -60,6 +60,10 @@ class DataConfig:
     """Evaluate on at most this many tasks."""
     shuffle: bool = True
     """Reshuffle the training tasks every epoch (seeded by train.seed)."""
+    curriculum: str | None = None
+    """A curriculum cache (JSON) written by `seekrl curriculum CONFIG`: RL trains only on the data.train questions that model.path solved in some but not all of curriculum_k samples (0 < pass rate < 1); a missing file or one measured for another model, data, k, seed, temperature or token budget stops the run before the model loads."""
+    curriculum_k: Annotated[int, Range(ge=2)] = 8
+    """data.curriculum: samples per training question when the pass rate is measured (at rollout.temperature)."""
 
     def check(self) -> None:
         """data.train / data.eval: every comma-separated source's trailing [start:stop] holds integers

@@ -89,21 +89,41 @@ class TaskSets:
                 self.iterator = TaskIterator(keep, it.batch_size, seed=it.seed, shuffle=it.shuffle)
 
 
-def load_task_sets(d: DataConfig, *, seed: int, tasks_per_step: int, tiny: bool = False, tools: bool = False) -> TaskSets:
+def load_task_sets(d: DataConfig, *, seed: int, tasks_per_step: int, tiny: bool = False, tools: bool = False,
+                   keep: Callable[[Task], bool] | None = None) -> TaskSets:
     """`data.train` (ordered by a TaskIterator of `tasks_per_step` tasks, seeded by `seed`) and
     `data.eval`; `tiny`: also the texts a tiny model's tokenizer is trained on (with every
-    printable character when `tools`: tool output may hold any)."""
+    printable character when `tools`: tool output may hold any); `keep`: the training tasks to
+    train on (a curriculum, data/curriculum.py; the tiny texts are those of all of them)."""
     if isinstance(d.train, list):  # a mixture: each step's tasks drawn from the sources by weight
         sources = _mixture_sources(d.train, d, "train", d.max_train, seed)
         train = [t for ts in sources.values() for t in ts]
         evals = load_split(d.eval, d, "test", d.max_eval, seed) if d.eval else []
+        texts = tiny_texts_of(train + evals, tools) if tiny else []
         weights = {s.name.strip(): s.weight for s in d.train}
+        if keep is not None:
+            sources = {k: _kept(ts, keep, f"data.train source '{k}'", int(weights[k] > 0)) for k, ts in sources.items()}
+            train = [t for ts in sources.values() for t in ts]
         iterator: TaskIterator | MixtureIterator = MixtureIterator(sources, weights, tasks_per_step, seed=seed, shuffle=d.shuffle)
     else:
         train = load_split(d.train, d, "train", d.max_train, seed)
         evals = load_split(d.eval, d, "test", d.max_eval, seed) if d.eval else []
+        texts = tiny_texts_of(train + evals, tools) if tiny else []
+        if keep is not None:
+            train = _kept(train, keep, "data.train", tasks_per_step)
         iterator = TaskIterator(train, tasks_per_step, seed=seed, shuffle=d.shuffle)
-    return TaskSets(train, evals, iterator, tiny_texts_of(train + evals, tools) if tiny else [])
+    return TaskSets(train, evals, iterator, texts)
+
+
+def _kept(tasks: list[Task], keep: Callable[[Task], bool], what: str, needed: int) -> list[Task]:
+    """The curriculum's tasks of one source, counted on stderr; fewer than `needed` left: a DataError."""
+    kept = [t for t in tasks if keep(t)]
+    Console(stderr=True).print(f"data.curriculum: {what}: kept {len(kept)} of {len(tasks)} tasks (0 < pass rate < 1)")
+    if len(kept) < needed:
+        raise DataError(f"data.curriculum: {what} keeps {len(kept)} tasks the starting model solves sometimes but not always, "
+                        f"fewer than the {needed} needed; raise data.curriculum_k or rollout.temperature and measure again, "
+                        "lower rollout.batch_size, or drop data.curriculum")
+    return kept
 
 
 def _mixture_sources(sources: list[DataSource], d: DataConfig, split_default: str, limit: int | None,

@@ -61,6 +61,10 @@ class RolloutConfig:
     """rollout.agent: sampled tokens per episode over all its calls (finish_reason length past it)."""
     agent_timeout_s: Annotated[float, Range(gt=0)] = 300.0
     """rollout.agent: seconds per episode; an episode past it is left out of the update (status agent_error) and counted."""
+    refill: bool = False
+    """DAPO dynamic sampling with refill (sync; with algo.filter_zero_std=true): when fewer than batch_size / group_size of a step's groups have reward spread (usable trajectories only), roll out the next batches of the data order until they do, at most max_refill_rounds more; the step trains on exactly that many informative groups (the data position moves on by every task drawn)."""
+    max_refill_rounds: Annotated[int, Range(ge=1)] = 4
+    """rollout.refill: most extra batches (of batch_size / group_size tasks) one step may roll out; after them the step trains on the informative groups it has (rollout/refill/short counts the missing ones)."""
 
     @property
     def tasks_per_step(self) -> int:
@@ -77,6 +81,11 @@ class RolloutConfig:
         if self.trajectory == "stepwise" and not self.mask_observations:
             raise ConfigError("rollout.trajectory=stepwise puts each tool output in the next turn's prompt, where it is never trained; "
                               "set rollout.mask_observations=true (or rollout.trajectory=prefix for the unmasked ablation)")
+        if self.refill and self.mode != "sync":
+            raise ConfigError("rollout.refill=true works with rollout.mode=sync only (an async step's groups were admitted "
+                              "before they were scored); set rollout.mode=sync or rollout.refill=false")
+        if self.refill and self.group_size < 2:
+            raise ConfigError("rollout.refill=true needs rollout.group_size >= 2: a group of one sample never has reward spread")
         if self.max_concurrent is not None and self.max_concurrent < self.group_size:
             raise ConfigError(f"rollout.max_concurrent ({self.max_concurrent}) must be at least rollout.group_size ({self.group_size}): "
                               "a task's G episodes start together; raise it or leave it unset (= rollout.batch_size)")

@@ -13,6 +13,13 @@ Both hand the trainer, for step s, the groups of the s-th batch of the data orde
 `stable_seed(train.seed, "rollout", s)`; they differ only in *when* the episodes run. Both are
 `RolloutSource`s (rollout/base.py).
 
+SyncRollout with `rollout.refill` (DAPO dynamic sampling, rollout/refill.py): when fewer than
+tasks_per_step of the step's groups have reward spread, it rolls out the next batches of the
+data order (refill round r seeded `stable_seed(train.seed, "rollout", s, "refill", r)`, at most
+`rollout.max_refill_rounds`) until they do; the data order then moves on by every batch drawn,
+so step s's tasks are no longer the s-th batch, and `data_state` (the iterator's position)
+includes the extra tasks.
+
 AsyncRollout. Groups (a task's G episodes) are admitted one by one, in the data order; group k
 (0-based over the run) belongs to step s(k) = k // B + 1, B tasks per step. A background task
 admits groups while
@@ -55,6 +62,7 @@ from seekrl.rollout import collect, stable_seed
 from seekrl.rollout.base import RolloutBatch, Workflow
 from seekrl.rollout.config import RolloutConfig
 from seekrl.rollout.interrupt import InterruptibleEngine
+from seekrl.rollout.refill import refill
 from seekrl.types import SamplingParams, Task, TrajectoryGroup
 
 __all__ = ["make_rollout", "SyncRollout", "AsyncRollout", "staleness", "batch_metrics"]
@@ -82,14 +90,15 @@ def batch_metrics(groups, trained_version: int, *, interrupted: int, queue: int,
 
 
 class SyncRollout:
-    """Roll out step s's tasks when the trainer asks for them (the trainer waits for the whole rollout)."""
+    """Roll out step s's tasks when the trainer asks for them (the trainer waits for the whole rollout);
+    `refill_rounds` > 0: rollout.refill, at most that many more batches for groups without reward spread."""
 
     mode = "sync"
 
     def __init__(self, workflow: Workflow, engine: InferenceEngine, iterator: TaskIterator, params: SamplingParams, *,
-                 group_size: int, seed: int):
+                 group_size: int, seed: int, refill_rounds: int = 0):
         self.workflow, self.engine, self.iterator, self.params = workflow, engine, iterator, params
-        self.group_size, self.seed = group_size, seed
+        self.group_size, self.seed, self.refill_rounds = group_size, seed, refill_rounds
 
     def start(self, step: int) -> None:
         pass
@@ -99,7 +108,15 @@ class SyncRollout:
         tasks = self.iterator.next_batch()
         params = dataclasses.replace(self.params, seed=stable_seed(self.seed, "rollout", step))
         groups = await collect(self.workflow, self.engine, tasks, self.group_size, params)
-        return RolloutBatch(groups, batch_metrics(groups, step - 1, interrupted=0, queue=0, wait_s=time.perf_counter() - t0))
+        refilled: dict[str, float] = {}
+        if self.refill_rounds:
+            async def roll(more: list[Task], round_: int) -> list[TrajectoryGroup]:
+                seeded = dataclasses.replace(self.params, seed=stable_seed(self.seed, "rollout", step, "refill", round_))
+                return await collect(self.workflow, self.engine, more, self.group_size, seeded)
+
+            groups, refilled = await refill(groups, draw=self.iterator.next_batch, roll=roll, max_rounds=self.refill_rounds)
+        metrics = batch_metrics(groups, step - 1, interrupted=0, queue=0, wait_s=time.perf_counter() - t0)
+        return RolloutBatch(groups, {**metrics, **refilled})
 
     async def publish(self, model: torch.nn.Module, version: int) -> None:
         await self.engine.update_weights(model, version)
@@ -228,7 +245,8 @@ def make_rollout(r: RolloutConfig, workflow: Workflow, engine: InferenceEngine, 
     """The rollout `rollout.mode` names, on `engine` over the data order of `iterator`; `params`
     sample every turn, with the seed `stable_seed(seed, "rollout", step)` of each step."""
     if r.mode == "sync":
-        return SyncRollout(workflow, engine, iterator, params, group_size=r.group_size, seed=seed)
+        return SyncRollout(workflow, engine, iterator, params, group_size=r.group_size, seed=seed,
+                           refill_rounds=r.max_refill_rounds if r.refill else 0)
     return AsyncRollout(
         workflow, engine, iterator, params, group_size=r.group_size, tasks_per_step=r.tasks_per_step,
         max_staleness=r.max_staleness, max_concurrent=r.max_concurrent or r.batch_size, seed=seed, decode=decode,
