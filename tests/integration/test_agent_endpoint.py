@@ -242,19 +242,23 @@ AGENT_RUN = ["model.path=tiny", "model.tiny_hidden=32", "model.max_context=64", 
              "rollout.agent_max_calls=2", "rollout.agent_max_tokens=6"]
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_seekrl_train_runs_the_agent_sync_and_async(tmp_path, mode):
-    """`seekrl train` with rollout.agent: every episode's one call is trained; async mode keeps its staleness bound."""
+@pytest.mark.parametrize("mode", ["sync", "async", "remote"])
+def test_seekrl_train_runs_the_agent_sync_async_and_on_a_server(tmp_path, mode):
+    """`seekrl train` with rollout.agent: every episode's one call is trained; async mode keeps its
+    staleness bound; on a started engine server (`seekrl serve engine`, stopped by the run) as in-process."""
     from seekrl.config import load_config
     from seekrl.jobs import train
     from seekrl.observe.loggers import read_metrics
     from seekrl.observe.metrics import undocumented
 
-    run = train(load_config(None, [*AGENT_RUN, f"rollout.mode={mode}", "rollout.max_staleness=1", f"log.dir={tmp_path}", f"log.name={mode}"]))
+    how = ["engine.servers=1"] if mode == "remote" else [f"rollout.mode={mode}", "rollout.max_staleness=1"]
+    run = train(load_config(None, [*AGENT_RUN, *how, f"log.dir={tmp_path}", f"log.name={mode}"]))
     rows = [r for r in read_metrics(run) if "reward/mean" in r]
     assert len(rows) == 3
     for r in rows:
         assert r["rollout/agent_calls"] == 1.0 and r["rollout/excluded_frac"] == 0.0 and r["rollout/excluded/agent_error"] == 0.0
         assert 0 < r["rollout/sampled_tokens"] <= 6 and r["rollout/staleness/max"] <= (1 if mode == "async" else 0)
+        if mode == "remote":  # every call went to the server
+            assert r["engine/requests"] >= 16.0
     assert undocumented(rows[-1]) == []
     assert "examples.openai_agent.agent:run" in (run / "config.yaml").read_text()
