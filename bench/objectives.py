@@ -47,6 +47,15 @@ def summarize(rows: list[dict]) -> dict:
             "eval_reward": evals[-1] if evals else None, "eval_em_first": ems[0] if ems else None, "eval_em": ems[-1] if ems else None, "s_per_step": sum(times) / max(1, len(times))}
 
 
+def train_run(cmd: list[str], run_dir: Path, name: str) -> dict:
+    """Run one `seekrl train` command (from the repository root) to the end; its wall time and summary."""
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=4 * 3600)
+    if r.returncode != 0:
+        sys.exit(f"{name} failed ({r.returncode}): {r.stderr.strip().splitlines()[-3:]}")
+    return {"wall_s": time.perf_counter() - t0, **summarize(read_rows(run_dir))}
+
+
 def interval(xs: list[float]) -> tuple[float, float, float]:
     m = statistics.fmean(xs)
     if len(xs) < 2:
@@ -73,11 +82,7 @@ def main() -> None:
                        f"train.seed={seed}", f"log.dir={tmp}", f"log.name={name}", "train.save_every=0", *args.set]
                 if args.steps:
                     cmd.append(f"train.steps={args.steps}")
-                t0 = time.perf_counter()
-                r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=4 * 3600)
-                if r.returncode != 0:
-                    sys.exit(f"{name} failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
-                row = {"objective": objective, "seed": seed, "wall_s": time.perf_counter() - t0, **summarize(read_rows(Path(tmp) / name))}
+                row = {"objective": objective, "seed": seed, **train_run(cmd, Path(tmp) / name, name)}
                 rows.append(row)
                 print(f"{name}: reward {row['first']:.3f} -> {row['last']:.3f} ({row['gain']:+.3f}), eval {row['eval_reward']}, "
                       f"{row['s_per_step']:.3f} s/step", flush=True)

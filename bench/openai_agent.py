@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from objectives import ROOT, interval, read_rows, summarize  # noqa: E402
+from objectives import ROOT, interval, train_run  # noqa: E402
 
 DEMO = ["data.train=runs/demo/world/train.jsonl", "data.eval=runs/demo/world/test.jsonl",
         "model.path=runs/demo/sft/checkpoints/step_600/model", "train.save_every=0"]
@@ -84,11 +84,7 @@ def main() -> None:
                     name = f"{arm}_s{seed}"
                     cmd = [sys.executable, "-m", "seekrl", "train", config, f"train.seed={seed}", f"log.dir={tmp}", f"log.name={name}",
                            "log.progress=false", *overrides, *([f"train.steps={args.steps}"] if args.steps else [])]
-                    t0 = time.perf_counter()
-                    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=4 * 3600)
-                    if r.returncode != 0:
-                        sys.exit(f"{name} failed ({r.returncode}): {r.stderr.strip().splitlines()[-3:]}")
-                    row = {"arm": arm, "seed": seed, "wall_s": time.perf_counter() - t0, **summarize(read_rows(Path(tmp) / name))}
+                    row = {"arm": arm, "seed": seed, **train_run(cmd, Path(tmp) / name, name)}
                     rows.append(row)
                     print(f"{name}: reward {row['first']:.3f} -> {row['last']:.3f} ({row['gain']:+.3f}), eval EM {row['eval_em_first']} -> "
                           f"{row['eval_em']}, {row['s_per_step']:.2f} s/step, {row['wall_s']:.0f} s", flush=True)

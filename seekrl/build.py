@@ -134,6 +134,7 @@ def build_curriculum(cfg: Config) -> EvalRun:
         raise ConfigError("data.curriculum is not set; name the cache file to write (e.g. data.curriculum=runs/curriculum.json)")
     rubric = _rubric(cfg)
     check_chat_template(cfg)
+    check_agent(cfg)
     tasks = _task_sets(cfg)
     seed_everything(cfg.train.seed)
     model, tokenizer = _policy(cfg, tasks.tiny_texts)

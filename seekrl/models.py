@@ -40,7 +40,7 @@ from seekrl.errors import ConfigError
 from seekrl.schema import Range
 
 __all__ = ["ModelConfig", "load_policy", "load_model", "check_model_folder", "seed_everything", "unwrap_module", "is_peft",
-           "unwrap_peft", "train_tiny_tokenizer", "make_tiny_model", "save_tiny", "ensure_chat_template", "encode_chat",
+           "unwrap_peft", "train_tiny_tokenizer", "make_tiny_model", "save_tiny", "ensure_chat_template", "encode_chat", "ChatPrompts",
            "smollm2_gguf_path", "ValueModel", "make_value_model", "CHATML_TEMPLATE", "SMOLLM2_PACKAGE", "SMOLLM2_GGUF",
            "HUB_ID"]
 
@@ -312,15 +312,17 @@ def ensure_chat_template(tokenizer):
     return tokenizer
 
 
-def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of the rendered chat prompt (transformers 5 returns a BatchEncoding by default)."""
+def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+    """Token ids of the rendered chat prompt (`tools`: the OpenAI schemas given to the template;
+    transformers 5 returns a BatchEncoding by default)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "the tokenizer has no chat template: use an instruct model, or call "
             "seekrl.models.ensure_chat_template(tokenizer) to install ChatML"
         )
+    kwargs = {"tools": tools} if tools else {}
     out = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False, **kwargs
     )
     if isinstance(out, dict) or hasattr(out, "input_ids"):  # BatchEncoding from older/newer versions
         out = out["input_ids"]
@@ -329,6 +331,21 @@ def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     if out and isinstance(out[0], list):  # batched output for a single conversation
         out = out[0]
     return [int(i) for i in out]
+
+
+class ChatPrompts:
+    """The first prompt of each task (`task.prompt` through the chat template, with `tools`), encoded
+    once per task id: what a workflow's `prompt_ids(task)` returns."""
+
+    def __init__(self, tokenizer, tools: list[dict] | None = None):
+        self.tokenizer, self.tools = tokenizer, tools
+        self._ids: dict[str, list[int]] = {}
+
+    def __call__(self, task) -> list[int]:
+        ids = self._ids.get(task.id)
+        if ids is None:
+            ids = self._ids[task.id] = encode_chat(self.tokenizer, task.prompt, tools=self.tools)
+        return ids
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,12 +8,18 @@ Unknown request fields are ignored (pydantic's default), as OpenAI-compatible se
 
 from __future__ import annotations
 
+import itertools
+import json
+import time
+import uuid
+
 from pydantic import BaseModel, Field
 
 from seekrl.api.guards import HTTPError, json_error
 
 __all__ = ["MAX_N", "MAX_STOPS", "SEED_RANGE", "Sampling", "ChatRequest", "CompletionRequest", "openai_error", "message_text",
-           "chat_messages", "cut_at_stop", "stop_list", "chat_logprobs"]
+           "chat_messages", "cut_at_stop", "stop_list", "chat_logprobs", "completion_logprobs", "usage", "chat_response",
+           "completion_response", "sse_chunks"]
 
 MAX_N = 128
 MAX_STOPS = 16
@@ -100,3 +106,54 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list[float]) -> dic
         {"token": tokenizer.decode([t], skip_special_tokens=False), "logprob": lp, "bytes": None, "top_logprobs": []}
         for t, lp in zip(token_ids, logprobs)
     ]}
+
+
+def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list[float]) -> dict:
+    """A legacy completion choice's `logprobs`: tokens, their log-probs and text offsets (no top alternatives)."""
+    tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids]
+    offsets = [0, *itertools.accumulate(len(s) for s in tokens)][: len(tokens)]
+    return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+def chat_response(model: str, choices: list[dict], counts: dict) -> dict:
+    """A `chat.completion` body."""
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": counts}
+
+
+def completion_response(model: str, choices: list[dict], counts: dict) -> dict:
+    """A `text_completion` body."""
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": counts}
+
+
+def sse_chunks(body: dict, include_usage: bool = False):
+    """A finished response as the server-sent events of `stream: true`: per choice one chunk with all
+    its content (chat: `delta` with role, content and tool_calls; completions: `text`), then one with
+    its finish_reason; the usage chunk when asked (`stream_options.include_usage`); `[DONE]`.
+    The stock clients read it as a stream that arrived at once."""
+    chat = body["object"] == "chat.completion"
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    head = {"id": body["id"], "object": kind, "created": body["created"], "model": body["model"]}
+
+    def event(choices: list[dict], **extra) -> str:
+        return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+
+    for c in body["choices"]:
+        if chat:
+            m = c["message"]
+            delta = {"role": "assistant", "content": m.get("content")}
+            if m.get("tool_calls"):
+                delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(m["tool_calls"])]
+            yield event([{"index": c["index"], "delta": delta, "logprobs": c.get("logprobs"), "finish_reason": None}])
+            yield event([{"index": c["index"], "delta": {}, "logprobs": None, "finish_reason": c["finish_reason"]}])
+        else:
+            yield event([{"index": c["index"], "text": c["text"], "logprobs": c.get("logprobs"), "finish_reason": None}])
+            yield event([{"index": c["index"], "text": "", "logprobs": None, "finish_reason": c["finish_reason"]}])
+    if include_usage:
+        yield event([], usage=body["usage"])
+    yield "data: [DONE]\n\n"

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from seekrl.api.http import PerLoop
 from seekrl.data.corpus import Document, read_index_meta
 from seekrl.errors import ServiceUnavailable
 
@@ -108,19 +109,14 @@ class HTTPRetriever:
         self.token = token
         self.timeout = timeout
         self.max_connections = max_connections
-        self._client = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._clients = PerLoop(self._new_client)
 
-    def _get_client(self):
+    def _new_client(self):
         import httpx
 
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
-            self._client = httpx.AsyncClient(headers=headers, timeout=self.timeout, limits=limits)
-            self._loop = loop
-        return self._client
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+        return httpx.AsyncClient(headers=headers, timeout=self.timeout, limits=limits)
 
     async def search(self, queries: list[str], topk: int) -> Results:
         import httpx
@@ -129,7 +125,7 @@ class HTTPRetriever:
             return []
         payload = {"queries": list(queries), "topk": topk, "return_scores": True}
         try:
-            resp = await self._get_client().post(self.url, json=payload)
+            resp = await self._clients.get().post(self.url, json=payload)
         except httpx.HTTPError as e:
             raise RetrieverUnavailable(f"retrieval request to {self.url} failed: {type(e).__name__}: {e}") from e
         if resp.status_code >= 500:
@@ -143,9 +139,7 @@ class HTTPRetriever:
         return parse_response(body, len(queries))
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self._clients.aclose()
 
     async def __aenter__(self) -> HTTPRetriever:
         return self

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from seekrl.api.http import PerLoop
 from seekrl.errors import ConfigError, EngineRequestError, RewardUnavailable
 
 __all__ = ["JudgeClient", "JudgeCache", "CACHE_FILE", "chat_url"]
@@ -132,24 +133,19 @@ class JudgeClient:
         self.max_tokens, self.temperature, self.cache = max_tokens, temperature, cache
         self.stats = {"requests": 0, "cache_hits": 0, "retries": 0, "unavailable": 0, "in_flight_max": 0}
         self._in_flight = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._state: _LoopState | None = None
+        self._states: PerLoop[_LoopState] = PerLoop(self._new_state, client_of=lambda state: state.client)
         self._warned = False
 
     def _settings(self) -> dict:
         return {"temperature": self.temperature, "max_tokens": self.max_tokens}
 
-    def _loop_state(self) -> _LoopState:
+    def _new_state(self) -> _LoopState:
         import httpx
 
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop or self._state is None:  # a client's connections belong to the loop that made them
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
-            client = httpx.AsyncClient(headers=headers, limits=limits,
-                                       timeout=httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s)))
-            self._loop, self._state = loop, _LoopState(client, self.concurrency)
-        return self._state
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+        client = httpx.AsyncClient(headers=headers, limits=limits, timeout=httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s)))
+        return _LoopState(client, self.concurrency)
 
     async def ask(self, messages: list[dict], parse: Callable[[str], float]) -> float:
         """`parse(reply)` of the judge's reply to `messages`: from the cache, or from the server
@@ -165,7 +161,7 @@ class JudgeClient:
                 else:
                     self.stats["cache_hits"] += 1
                     return score
-        state = self._loop_state()
+        state = self._states.get()
         task = state.inflight.get(key)
         if task is None:  # not on its way yet: one request for everyone who asks meanwhile
             task = state.inflight[key] = asyncio.get_running_loop().create_task(self._ask_server(state, key, messages, parse))
@@ -231,13 +227,11 @@ class JudgeClient:
         raise RewardUnavailable(message)
 
     async def aclose(self) -> None:
-        if self._state is not None:
-            await self._state.client.aclose()
-            self._state = None
+        await self._states.aclose()
 
     def close(self) -> None:
         """Close the cache; the HTTP client's connections end with their event loop."""
-        self._state = None
+        self._states.forget()
         if self.cache is not None:
             self.cache.close()
 

@@ -43,10 +43,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import logging
 import time
-import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -70,9 +68,13 @@ from seekrl.api.openai_wire import (
     Sampling,
     chat_logprobs,
     chat_messages,
+    chat_response,
+    completion_logprobs,
+    completion_response,
     cut_at_stop,
     openai_error,
     stop_list,
+    usage,
 )
 from seekrl.models import encode_chat
 from seekrl.servers.flags import policy_flags
@@ -118,9 +120,6 @@ def make_app(
     app.state.engine = engine
     app.state.guard = guard
     app.state.stats = guard.stats
-
-    def token_text(i: int) -> str:
-        return tokenizer.decode([i], skip_special_tokens=False)
 
     async def read_payload(request: Request, schema: type[BaseModel]):
         """Auth, size, JSON, schema: the parsed request or a HTTPError."""
@@ -193,9 +192,8 @@ def make_app(
     def text_of(c, params: SamplingParams) -> str:
         return cut_at_stop(tokenizer.decode(c.token_ids, skip_special_tokens=True), params.stop)
 
-    def usage(prompts: list[list[int]], outs) -> dict:
-        p, c = sum(len(x) for x in prompts), sum(len(o.token_ids) for o in outs)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    def counts(prompts: list[list[int]], outs) -> dict:
+        return usage(sum(len(x) for x in prompts), sum(len(o.token_ids) for o in outs))
 
     async def guarded(request: Request, handler):
         return await guard.answer(request, handler, openai_error)
@@ -239,10 +237,7 @@ def make_app(
                     logprobs = chat_logprobs(tokenizer, c.token_ids, c.logprobs)
                 message = {"role": "assistant", "content": text_of(c, params)}
                 choices.append({"index": i, "message": message, "finish_reason": c.finish_reason, "logprobs": logprobs})
-            return JSONResponse({
-                "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": model_name, "choices": choices, "usage": usage([prompt], outs),
-            })
+            return JSONResponse(chat_response(model_name, choices, counts([prompt], outs)))
 
         return await guarded(request, handler)
 
@@ -270,14 +265,9 @@ def make_app(
             for i, c in enumerate(outs):
                 logprobs = None
                 if req.logprobs is not None:
-                    tokens = [token_text(t) for t in c.token_ids]
-                    offsets = [0, *itertools.accumulate(len(s) for s in tokens)][: len(tokens)]
-                    logprobs = {"tokens": tokens, "token_logprobs": list(c.logprobs), "top_logprobs": None, "text_offset": offsets}
+                    logprobs = completion_logprobs(tokenizer, c.token_ids, c.logprobs)
                 choices.append({"index": i, "text": text_of(c, params), "finish_reason": c.finish_reason, "logprobs": logprobs})
-            return JSONResponse({
-                "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": model_name, "choices": choices, "usage": usage(prompts, outs),
-            })
+            return JSONResponse(completion_response(model_name, choices, counts(prompts, outs)))
 
         return await guarded(request, handler)
 

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from urllib.parse import urljoin, urlsplit
 
+from seekrl.api.http import PerLoop
 from seekrl.errors import ServiceUnavailable
 from seekrl.tools.base import FunctionTool, ToolPolicy, tool
 from seekrl.tools.webcache import RateLimiter, WebCache
@@ -154,22 +155,15 @@ def format_results(results: list[WebResult]) -> str:
     return "\n".join(f"Doc {i + 1}(Title: {r.title}) [{r.url}] {r.snippet}".rstrip() for i, r in enumerate(results))
 
 
-class _Http:
-    """One httpx.AsyncClient per event loop (connection pooling), made on first use."""
+def _http(timeout_s: float) -> PerLoop:
+    """An httpx.AsyncClient per event loop (connection pooling), made on first use."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self._client = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def client(self):
+    def make():
         import httpx
 
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers={"User-Agent": USER_AGENT})
-            self._loop = loop
-        return self._client
+        return httpx.AsyncClient(timeout=timeout_s, headers={"User-Agent": USER_AGENT})
+
+    return PerLoop(make)
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -195,14 +189,14 @@ def make_web_search_tool(api: str, *, key: str | None, url: str | None = None, n
         raise ValueError(f"the {api} API returns 1 to {spec.max_results} results per search, not {num}")
     endpoint = url or spec.url
     limiter = limiter or RateLimiter(0)
-    http = _Http(timeout_s)
+    http = _http(timeout_s)
 
     async def request(query: str) -> list[WebResult]:
         import httpx
 
         await limiter.wait()
         try:
-            resp = await http.client().request(**spec.request(endpoint, key or "", query, num))
+            resp = await http.get().request(**spec.request(endpoint, key or "", query, num))
         except httpx.TransportError as e:  # refused, DNS, timeout
             raise WebUnavailable(f"search API {endpoint} could not be reached: {type(e).__name__}: {_short(str(e))}") from e
         status = resp.status_code
@@ -307,7 +301,7 @@ def make_fetch_page_tool(*, max_chars: int = 5000, cache: WebCache | None = None
         raise ValueError(f"fetch_page max_chars must be at least 1, got {max_chars}")
     cache = cache or WebCache(None)
     limiter = limiter or RateLimiter(0)
-    http = _Http(timeout_s)
+    http = _http(timeout_s)
 
     async def read(url: str) -> str:
         import httpx
@@ -316,7 +310,7 @@ def make_fetch_page_tool(*, max_chars: int = 5000, cache: WebCache | None = None
             await _check_host(url, allow_private)
             await limiter.wait()
             try:
-                async with http.client().stream("GET", url) as resp:
+                async with http.get().stream("GET", url) as resp:
                     status = resp.status_code
                     if resp.is_redirect and "location" in resp.headers:
                         url = _checked_url(urljoin(url, resp.headers["location"]))

@@ -25,7 +25,7 @@ max_calls or length, scored on what it has: the policy's doing, so it is learned
 `agent_timeout_s` seconds. An agent that raises for another reason, times out or makes no call
 gets the status "agent_error": left out of the update and counted (`rollout/excluded/agent_error`),
 like an engine failure; the first message of each kind is logged. Per-episode metrics:
-`agent_calls`, `prefix_breaks` (calls that did not extend the one before), `sampled_tokens`,
+`turns` (model calls), `prefix_breaks` (calls that did not extend the one before), `sampled_tokens`,
 `agent_errors`, `agent_timeouts`, `agent_budget_hits`.
 """
 
@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from seekrl.engines.base import InferenceEngine
 from seekrl.errors import ConfigError
-from seekrl.models import encode_chat
+from seekrl.models import ChatPrompts
 from seekrl.rewards.base import TurnContext
 from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import episode_params
@@ -136,15 +136,12 @@ class AgentWorkflow:
         self.max_calls, self.max_tokens, self.timeout_s = max_calls, max_tokens, timeout_s
         self.stepwise = trajectory == "stepwise"
         self.endpoint = endpoint or AgentEndpoint(tokenizer, context=context)
-        self._prompt_cache: dict[str, list[int]] = {}
+        self._prompts = ChatPrompts(tokenizer)
         self._logged: set[str] = set()
 
     def prompt_ids(self, task: Task) -> list[int]:
         """The task's messages through the chat template: what an agent that sends them first samples from."""
-        ids = self._prompt_cache.get(task.id)
-        if ids is None:
-            ids = self._prompt_cache[task.id] = encode_chat(self.tokenizer, task.prompt)
-        return ids
+        return self._prompts(task)
 
     def close(self) -> None:
         self.endpoint.close()
@@ -211,8 +208,8 @@ class AgentWorkflow:
         traj.status, traj.finish_reason, traj.text = status, finish, answer
         sampled = sum(len(c.token_ids) for c in calls)
         traj.metrics = {
-            "agent_calls": float(len(calls)), "turns": float(len(calls)), "sampled_tokens": float(sampled),
-            "response_len": float(len(traj.completion_ids)), "prefix_breaks": float(sum(c.base is None or c.base != k - 1 for k, c in enumerate(calls) if k)),
+            "turns": float(len(calls)), "sampled_tokens": float(sampled), "response_len": float(len(traj.completion_ids)),
+            "prefix_breaks": float(sum(c.base != k - 1 for k, c in enumerate(calls) if k)),
             "agent_errors": float(outcome == "error" and status == "agent_error"), "agent_timeouts": float(outcome == "timeout"),
             "agent_budget_hits": float(s.budget_hit is not None),
         }

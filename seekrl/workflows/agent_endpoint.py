@@ -23,9 +23,11 @@ The request's `max_tokens` (capped by rollout.max_new_tokens), `stop` and `tools
 Chat requests: the messages are rendered with the tokenizer's chat template (with `tools=` when
 the request has tools), plus vLLM's extensions `add_generation_prompt` (default true),
 `continue_final_message` (continue the last assistant message instead of starting a new one)
-and `include_stop_str_in_output`. With tools, a reply holding `<tool_call>{"name", "arguments"}</tool_call>`
+and `include_stop_str_in_output`. `stream: true` gets the finished answer as server-sent events
+(one content chunk, then the finish reason; usage with `stream_options.include_usage`), so
+clients and frameworks that always stream work unchanged. With tools, a reply holding `<tool_call>{"name", "arguments"}</tool_call>`
 blocks (the Hermes format most chat templates use) comes back as OpenAI `tool_calls` with
-finish_reason "tool_calls"; its other text is the content. `n` must be 1; no streaming.
+finish_reason "tool_calls"; its other text is the content. `n` must be 1.
 
 Bounded work per episode: at most `max_calls` calls and `max_tokens` sampled tokens (a call's
 `max_tokens` is cut to what is left; calls in flight reserve theirs), a prompt and its tokens
@@ -51,8 +53,7 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import Field
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from seekrl.api.guards import ClientGone, Guard, HTTPError, cancel_on_disconnect, check_token, openapi_body
 from seekrl.api.openai_wire import (
@@ -60,9 +61,14 @@ from seekrl.api.openai_wire import (
     CompletionRequest,
     chat_logprobs,
     chat_messages,
+    chat_response,
+    completion_logprobs,
+    completion_response,
     cut_at_stop,
     openai_error,
+    sse_chunks,
     stop_list,
+    usage,
 )
 from seekrl.errors import EngineRequestError, EngineUnavailable
 from seekrl.rollout import turn_seed
@@ -85,11 +91,13 @@ class AgentChatRequest(ChatRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     include_stop_str_in_output: bool = False
-    chat_template_kwargs: dict | None = Field(default=None)
+    chat_template_kwargs: dict | None = None
+    stream_options: dict | None = None
 
 
 class AgentCompletionRequest(CompletionRequest):
     include_stop_str_in_output: bool = False
+    stream_options: dict | None = None
 
 
 @dataclasses.dataclass
@@ -112,7 +120,6 @@ class Session:
     failure: str | None = None  # engine_error: an infrastructure failure
     fatal: BaseException | None = None  # the engine is gone (EngineUnavailable): the workflow raises it, the run stops
     closed: bool = False
-    rejected: int = 0  # calls refused (4xx)
 
 
 class AgentEndpoint:
@@ -277,31 +284,23 @@ class AgentEndpoint:
         return text if include_stop else cut_at_stop(text, p.stop)
 
     def _check_sampling(self, req) -> list[str]:
-        if req.stream:
-            raise HTTPError(400, "streaming is not supported by the agent endpoint: send stream=false (or leave it out)", "stream")
         if (req.n or 1) != 1:
             raise HTTPError(400, "n must be 1 during training: each call is one sample of the episode", "n")
         return stop_list(req.stop)
+
+    def _reply(self, req, body: dict):
+        """The response: JSON, or with `stream: true` the same answer as server-sent events (one chunk)."""
+        if not req.stream:
+            return JSONResponse(body)
+        include_usage = bool((req.stream_options or {}).get("include_usage"))
+        return StreamingResponse(sse_chunks(body, include_usage), media_type="text/event-stream")
 
     def _app(self):
         app = FastAPI(title="seekrl agent endpoint", summary="Per-episode OpenAI-compatible endpoint of a rollout")
         guard = self.guard
 
         async def answer(request, episode: str, handler):
-            async def run(request):
-                s = self._session(request, episode)
-                try:
-                    return await handler(request, s)
-                except HTTPError as e:
-                    if e.status < 500:
-                        s.rejected += 1
-                    raise
-
-            return await guard.answer(request, run, openai_error)
-
-        def usage(prompt_ids, c) -> dict:
-            return {"prompt_tokens": len(prompt_ids), "completion_tokens": len(c.token_ids),
-                    "total_tokens": len(prompt_ids) + len(c.token_ids)}
+            return await guard.answer(request, lambda request: handler(request, self._session(request, episode)), openai_error)
 
         @app.get("/health")
         async def health():
@@ -325,13 +324,11 @@ class AgentEndpoint:
                 text = self._chat_prompt(req)
                 asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
                 ids, c, p = await self._sample(request, s, text, s.record.prompt_from_text(text), asked, stops)
-                body = self._text(c, p, req.include_stop_str_in_output)
-                message, called = self._tool_message(body) if req.tools and req.tool_choice != "none" else ({"role": "assistant", "content": body}, False)
-                finish = "tool_calls" if called else c.finish_reason
-                choice = {"index": 0, "message": message, "finish_reason": finish,
+                content = self._text(c, p, req.include_stop_str_in_output)
+                message, called = self._tool_message(content) if req.tools and req.tool_choice != "none" else ({"role": "assistant", "content": content}, False)
+                choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if called else c.finish_reason,
                           "logprobs": chat_logprobs(self.tokenizer, c.token_ids, c.logprobs) if req.logprobs else None}
-                return JSONResponse({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                                     "model": self.model_name, "choices": [choice], "usage": usage(ids, c)})
+                return self._reply(req, chat_response(self.model_name, [choice], usage(len(ids), len(c.token_ids))))
 
             return await answer(request, episode, handler)
 
@@ -359,14 +356,10 @@ class AgentEndpoint:
                 else:
                     raise HTTPError(400, "one prompt per call during training (a string or a list of token ids)", "prompt")
                 ids, c, p = await self._sample(request, s, text, prompted, req.max_tokens, stops)
-                logprobs = None
-                if req.logprobs is not None:
-                    tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in c.token_ids]
-                    logprobs = {"tokens": tokens, "token_logprobs": list(c.logprobs), "top_logprobs": None, "text_offset": None}
+                logprobs = completion_logprobs(self.tokenizer, c.token_ids, c.logprobs) if req.logprobs is not None else None
                 choice = {"index": 0, "text": self._text(c, p, req.include_stop_str_in_output), "finish_reason": c.finish_reason,
                           "logprobs": logprobs}
-                return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                                     "model": self.model_name, "choices": [choice], "usage": usage(ids, c)})
+                return self._reply(req, completion_response(self.model_name, [choice], usage(len(ids), len(c.token_ids))))
 
             return await answer(request, episode, handler)
 

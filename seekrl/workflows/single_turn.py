@@ -11,7 +11,7 @@ import asyncio
 
 from seekrl.engines.base import InferenceEngine
 from seekrl.errors import EngineRequestError
-from seekrl.models import encode_chat
+from seekrl.models import ChatPrompts
 from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import episode_params
 from seekrl.types import Completion, SamplingParams, Task, Trajectory, TrajectoryGroup
@@ -24,13 +24,10 @@ class SingleTurnWorkflow:
         self.tokenizer = tokenizer
         self.params = params
         self.rubric = rubric
-        self._prompt_cache: dict[str, list[int]] = {}
+        self._prompts = ChatPrompts(tokenizer)
 
     def prompt_ids(self, task: Task) -> list[int]:
-        ids = self._prompt_cache.get(task.id)
-        if ids is None:
-            ids = self._prompt_cache[task.id] = encode_chat(self.tokenizer, task.prompt)
-        return ids
+        return self._prompts(task)
 
     def close(self) -> None:
         """Nothing to release (the tool executor's clients belong to the run)."""

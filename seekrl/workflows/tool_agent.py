@@ -72,11 +72,9 @@ import asyncio
 import dataclasses
 from collections import Counter
 
-import torch
-
 from seekrl.engines.base import InferenceEngine
 from seekrl.errors import ConfigError, EngineRequestError
-from seekrl.models import encode_chat
+from seekrl.models import ChatPrompts, encode_chat
 from seekrl.rewards.base import TurnContext
 from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import episode_params, turn_seed
@@ -91,16 +89,7 @@ TRUNCATION_MARKER = " ...[truncated]"
 
 def encode_chat_with_tools(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
     """`encode_chat` with the tools' schemas given to the chat template (`tools=`)."""
-    if not tools:
-        return encode_chat(tokenizer, messages)
-    out = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    if isinstance(out, torch.Tensor):
-        out = out.tolist()
-    if out and isinstance(out[0], list):
-        out = out[0]
-    return [int(i) for i in out]
+    return encode_chat(tokenizer, messages, tools=tools)
 
 
 class ToolAgentWorkflow:
@@ -142,7 +131,7 @@ class ToolAgentWorkflow:
         self.eos_ids = {i for i in [tokenizer.eos_token_id] if i is not None}
         self._marker_ids = list(tokenizer.encode(TRUNCATION_MARKER, add_special_tokens=False))
         self._tail_ids = list(tokenizer.encode(tail_text(fmt, tokenizer), add_special_tokens=False))
-        self._prompt_cache: dict[str, list[int]] = {}
+        self._prompts = ChatPrompts(tokenizer, self.tools)
         self.trajectory = trajectory
         renders_turns = hasattr(fmt, "history_rewrite")  # hermes: observations rendered by the chat template
         self.rerender = trajectory == "stepwise" and renders_turns
@@ -150,10 +139,7 @@ class ToolAgentWorkflow:
             check_prefix_template(tokenizer, fmt)
 
     def prompt_ids(self, task: Task) -> list[int]:
-        ids = self._prompt_cache.get(task.id)
-        if ids is None:
-            ids = self._prompt_cache[task.id] = encode_chat_with_tools(self.tokenizer, task.prompt, self.tools)
-        return ids
+        return self._prompts(task)
 
     def close(self) -> None:
         """Nothing to release (the tool executor's clients belong to the run)."""

@@ -167,7 +167,7 @@ def test_budgets_end_the_episode_and_it_is_still_learned_from(local, tiny_tokeni
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "more"}]
 
     (t,) = run(workflow(tiny_tokenizer, greedy_caller, max_calls=3), RecordingEngine(local)).trajectories
-    assert (t.status, t.finish_reason, t.metrics["agent_calls"], t.metrics["agent_budget_hits"]) == ("ok", "max_calls", 3.0, 1.0)
+    assert (t.status, t.finish_reason, t.metrics["turns"], t.metrics["agent_budget_hits"]) == ("ok", "max_calls", 3.0, 1.0)
     (t,) = run(workflow(tiny_tokenizer, greedy_caller, max_calls=50, max_tokens=10), RecordingEngine(local)).trajectories
     assert t.status == "ok" and t.finish_reason == "length" and t.metrics["sampled_tokens"] <= 10
 
@@ -190,6 +190,28 @@ def test_failing_slow_or_idle_agents_are_left_out_and_counted(local, tiny_tokeni
     assert (t.status, t.metrics["agent_timeouts"]) == ("agent_error", 1.0)
     (t,) = run(workflow(tiny_tokenizer, idle), local).trajectories  # no model call: nothing to train
     assert t.status == "agent_error" and t.completion_ids == []
+
+
+def test_streaming_clients_get_the_answer_as_one_chunk(local, tiny_tokenizer):
+    """Frameworks that always stream (stream=true) work: the finished answer arrives as server-sent events."""
+    seen = {}
+
+    def agent(task, base_url, api_key):
+        c = client(base_url, api_key)
+        chunks = list(c.chat.completions.create(model="p", messages=task["messages"], max_tokens=4, stream=True,
+                                                stream_options={"include_usage": True}))
+        seen["content"] = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        seen["finish"] = [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1]
+        seen["usage"] = chunks[-1].usage.completion_tokens
+        text = "".join(ch.choices[0].text for ch in c.completions.create(model="p", prompt="copy: 1", max_tokens=3, stream=True))
+        return seen["content"] + text
+
+    engine = RecordingEngine(local)
+    (t,) = run(workflow(tiny_tokenizer, agent), engine).trajectories
+    (_, first), (_, second) = engine.seen
+    assert t.status == "ok" and seen["usage"] == len(first.token_ids) and seen["finish"] == first.finish_reason
+    assert seen["content"] == tiny_tokenizer.decode(first.token_ids, skip_special_tokens=True)
+    assert t.text == seen["content"] + tiny_tokenizer.decode(second.token_ids, skip_special_tokens=True)
 
 
 def test_async_agents_and_returned_rewards(local, tiny_tokenizer):
@@ -230,7 +252,7 @@ def test_episodes_are_isolated_and_requests_bounded(local, tiny_tokenizer):
     group = asyncio.run(wf.run(TASK, RecordingEngine(local), 4))
     port = wf.endpoint.port
     assert len(urls) == 4 and len(set(urls.values())) == 4  # one base URL and key per episode
-    assert all(t.status == "ok" and t.metrics["agent_calls"] == 1 for t in group.trajectories)
+    assert all(t.status == "ok" and t.metrics["turns"] == 1 for t in group.trajectories)
     wf.close()
     with pytest.raises(OSError):  # the endpoint is gone with the workflow
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
@@ -256,7 +278,7 @@ def test_seekrl_train_runs_the_agent_sync_async_and_on_a_server(tmp_path, mode):
     rows = [r for r in read_metrics(run) if "reward/mean" in r]
     assert len(rows) == 3
     for r in rows:
-        assert r["rollout/agent_calls"] == 1.0 and r["rollout/excluded_frac"] == 0.0 and r["rollout/excluded/agent_error"] == 0.0
+        assert r["rollout/turns"] == 1.0 and r["rollout/excluded_frac"] == 0.0 and r["rollout/excluded/agent_error"] == 0.0
         assert 0 < r["rollout/sampled_tokens"] <= 6 and r["rollout/staleness/max"] <= (1 if mode == "async" else 0)
         if mode == "remote":  # every call went to the server
             assert r["engine/requests"] >= 16.0
