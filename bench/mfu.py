@@ -20,6 +20,16 @@ FLOPs counted (the useful work, the same whatever the trainer's layout):
   + attention: 6 × layers × (heads × head_dim) × (causal query·key pairs) × 2 (scores and values)
 Embedding lookups, norms, activations and the optimizer count as zero. MFU = FLOPs / update time
 / peak FLOP/s.
+
+Cheaper updates, side by side in one run (`--arms`, each `PRECISION:FROZEN`):
+
+    python bench/mfu.py --models smollm2 --threads 2 --arms fp32:0,bf16:0,fp32:15,bf16:15
+
+`PRECISION` is train.mixed_precision (fp32 | bf16: the decoder under bf16 autocast) and `FROZEN`
+model.freeze_layers. Each arm also reports its log-prob gap to the fp32 arm's on the same batch
+(mean and max |Δ log p| over the completion tokens, and the mean k3 KL): what the trainer's bf16
+costs in agreement with an fp32 engine. The FLOPs column counts the full model's work for every arm
+(a frozen arm does less: its "MFU" is then an equivalent, for comparing speed).
 """
 
 from __future__ import annotations
@@ -81,7 +91,7 @@ def count_flops(model, trajs) -> dict:
             "tokens": prompt_tokens + completion_tokens, "completion_tokens": completion_tokens}
 
 
-def measure(name: str, args) -> dict:
+def measure(name: str, args, precision: str = "fp32", frozen: int = 0, reference=None) -> dict:
     import torch
 
     from seekrl.build import policy_trainer
@@ -92,10 +102,13 @@ def measure(name: str, args) -> dict:
     from seekrl.types import Task, Trajectory
 
     texts = ["the quick brown fox jumps over the lazy dog " * 4]
+    from seekrl.models import set_autocast
+
     model, tok = load_model(name, tiny_texts=texts, tiny_hidden=256, tiny_layers=2, tiny_vocab=512, dtype=args.dtype,
-                            device=args.device)
+                            device=args.device, freeze_layers=frozen)
     cfg = Config()
-    cfg.train.lr, cfg.train.micro_batch_tokens = 1e-6, args.micro_batch_tokens
+    cfg.train.lr, cfg.train.micro_batch_tokens, cfg.train.mixed_precision = 1e-6, args.micro_batch_tokens, precision
+    set_autocast(model, torch.bfloat16 if precision == "bf16" else None)
     rng = random.Random(0)
     vocab = min(model.config.vocab_size, 30000)
     trajs = []
@@ -109,6 +122,12 @@ def measure(name: str, args) -> dict:
     trainer = policy_trainer(cfg, model, tok.pad_token_id, total_steps=args.steps + 1)
     batch = TokenBatch.from_trajectories(trajs)
     batch.old_logp_BC, batch.adv_BC = batch.behav_logp_BC, pad_completion(adv, batch.width)
+    logp = trainer.logprobs(batch)  # before any update: the arm's log-probs of the same weights
+    gap = {}
+    if reference is not None:
+        d = (logp - reference)[batch.token_mask_BC]
+        gap = {"logp_gap_mean": float(d.abs().mean()), "logp_gap_max": float(d.abs().max()),
+               "kl_k3": float((torch.exp(d) - 1 - d).mean())}
     times = []
     for i in range(args.steps + 1):
         if args.device == "cuda":
@@ -121,8 +140,8 @@ def measure(name: str, args) -> dict:
             times.append(time.perf_counter() - t0)
     counted = count_flops(model, trajs)
     seconds = statistics.median(times)
-    return {"model": name, "seconds": seconds, "achieved_flops": counted["flops"] / seconds, **counted,
-            "tokens_per_s": counted["tokens"] / seconds}
+    return {"model": name, "arm": f"{precision}:{frozen}", "seconds": seconds, "achieved_flops": counted["flops"] / seconds,
+            **counted, "tokens_per_s": counted["tokens"] / seconds, **gap, "_logp": logp}
 
 
 def main() -> None:
@@ -138,6 +157,7 @@ def main() -> None:
     p.add_argument("--micro-batch-tokens", type=int, default=8192)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--peak-size", type=int, default=2048)
+    p.add_argument("--arms", default="fp32:0", help="comma-separated PRECISION:FROZEN (train.mixed_precision:model.freeze_layers)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     import torch
@@ -146,16 +166,26 @@ def main() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     dtype = getattr(torch, args.dtype)
     peak = matmul_peak(args.peak_size, dtype, args.device)
-    rows = [measure(m.strip(), args) for m in args.models.split(",") if m.strip()]
+    rows = []
+    for m in (m.strip() for m in args.models.split(",") if m.strip()):
+        reference = None
+        for arm in args.arms.split(","):
+            precision, frozen = arm.split(":")
+            rows.append(measure(m, args, precision, int(frozen), reference))
+            reference = rows[-1]["_logp"] if reference is None else reference  # the first arm is the reference
+    for r in rows:
+        r.pop("_logp")
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {args.threads} threads"
     print(f"{device}, {args.dtype}: {args.peak_size}x{args.peak_size} matmul peak {peak / 1e9:.1f} GFLOP/s")
-    print("| model | update s | tokens/s | counted GFLOP (decoder + head + attention) | achieved GFLOP/s | MFU |")
-    print("|---|---|---|---|---|---|")
+    print("| model | arm (precision:frozen) | update s | tokens/s | counted GFLOP (decoder + head + attention) | achieved GFLOP/s | MFU "
+          "| mean / max abs log-prob gap to the first arm | k3 KL |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         r["mfu"] = r["achieved_flops"] / peak
         parts = " + ".join(f"{v / 1e9:.1f}" for v in r["parts"].values())
-        print(f"| {r['model']} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} | {r['flops'] / 1e9:.1f} ({parts}) | "
-              f"{r['achieved_flops'] / 1e9:.1f} | {100 * r['mfu']:.1f}% |")
+        gap = f"{r['logp_gap_mean']:.2e} / {r['logp_gap_max']:.2e} | {r['kl_k3']:.1e}" if "kl_k3" in r else "- | -"
+        print(f"| {r['model']} | {r['arm']} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} | {r['flops'] / 1e9:.1f} ({parts}) | "
+              f"{r['achieved_flops'] / 1e9:.1f} | {100 * r['mfu']:.1f}% | {gap} |")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"args": vars(args), "device": device, "peak_flops": peak, "rows": rows}, indent=2))

@@ -35,7 +35,7 @@ from seekrl.engines.weights import write_weights
 from seekrl.errors import CheckpointError, ConfigError
 from seekrl.evaluate import EvalRun
 from seekrl.generate import GenerateRun, OpenAIChatEngine
-from seekrl.models import ModelConfig, load_policy, make_value_model, seed_everything
+from seekrl.models import ModelConfig, load_policy, make_value_model, seed_everything, set_autocast
 from seekrl.observe.config import run_dir as run_folder_of
 from seekrl.parallel.controller import FollowerRollout, LeaderRollout
 from seekrl.parallel.fsdp import is_sharded, shard_model
@@ -237,6 +237,9 @@ def build_rl(cfg: Config) -> RLRun:
 
 
 def _shard(model: torch.nn.Module, cfg: Config, ranks: Ranks) -> torch.nn.Module:
+    """FSDP2 over the ranks (its own bf16 compute); one process: as it is, under autocast with train.mixed_precision=bf16."""
+    if not ranks.sharded:
+        set_autocast(model, torch.bfloat16 if cfg.train.mixed_precision == "bf16" else None)
     return shard_model(model, ranks, cfg.train.mixed_precision, FORWARD_METHODS)
 
 
@@ -251,6 +254,7 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
     exact = ranks.broadcast_json(  # the engine's log-probs equal the trainer's on the same weights (rank 0 knows its engine)
         next(model.parameters()).dtype == torch.float32 and (engine is None or engine.exact_logprobs)
         and not (is_sharded(model) and model.device.type == "cuda")  # bf16 compute under FSDP mixed precision
+        and t.mixed_precision != "bf16"  # the trainer computes in bf16: its log-probs are not the fp32 engine's
     )
     trainer = policy_trainer(cfg, model, tokenizer.pad_token_id, ref_model=ref_model, ranks=ranks,
                              correction=mismatch_correction(a, exact))
@@ -396,6 +400,7 @@ def build_sft(cfg: Config) -> SFTRun:
     run_dir = run_folder(cfg)
     seed_everything(cfg.train.seed)
     model, tokenizer = _policy(cfg, tiny_texts(train_convs + eval_convs) if m.path == "tiny" else None)
+    set_autocast(model, torch.bfloat16 if cfg.train.mixed_precision == "bf16" else None)
     train_ex = tokenize_examples(tokenizer, train_convs, m.max_context, "data.train")
     eval_ex = tokenize_examples(tokenizer, eval_convs, m.max_context, "data.eval") if eval_convs else []
     return SFTRun(train=cfg.train, log=cfg.log, eval_every=cfg.eval.every, batch_size=cfg.rollout.batch_size, shuffle=d.shuffle,

@@ -85,6 +85,12 @@ class DemoConfig:
     """`seekrl demo --recipe hotpotqa_smollm2`: the first N held-out questions the untrained model is evaluated on (its long, malformed episodes are slow to sample)."""
     check_questions: int = 200
     """`seekrl demo --recipe hotpotqa_smollm2`: further unseen questions for the independent check of the final policy."""
+    grpo_seeds: list[int] = field(default_factory=lambda: [0])
+    """`seekrl demo --recipe hotpotqa_smollm2`: one GRPO run per train.seed from the same SFT checkpoint (DIR/grpo for the first, DIR/grpo_s<seed> for the others), each evaluated on the held-out questions; results.md gives every seed's gain and their mean."""
+    check_every: Annotated[int, Range(ge=0, text=">= 0 (0: the check questions only after GRPO)")] = 0
+    """`seekrl demo --recipe hotpotqa_smollm2`: the first GRPO seed evaluates the first `curve_questions` check questions at step 0, every N steps and at its last step (the learning curve against steps and minutes); 0: no curve."""
+    curve_questions: Annotated[int, Range(ge=1)] = 100
+    """`seekrl demo --recipe hotpotqa_smollm2`: check questions of the learning curve (the first N of the check split)."""
 
 
 @dataclass

@@ -42,7 +42,7 @@ from seekrl.schema import Range
 __all__ = ["ModelConfig", "load_policy", "load_model", "check_model_folder", "seed_everything", "unwrap_module", "is_peft",
            "unwrap_peft", "train_tiny_tokenizer", "make_tiny_model", "save_tiny", "ensure_chat_template", "encode_chat", "ChatPrompts",
            "smollm2_gguf_path", "ValueModel", "make_value_model", "CHATML_TEMPLATE", "SMOLLM2_PACKAGE", "SMOLLM2_GGUF",
-           "HUB_ID"]
+           "HUB_ID", "freeze_lower_layers", "decoder_layers", "set_autocast", "trainer_autocast"]
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -72,6 +72,8 @@ class ModelConfig:
     """Recompute activations in the backward pass to save memory."""
     lora_r: Annotated[int, Range(ge=0)] = 0
     """LoRA rank; 0 trains all weights."""
+    freeze_layers: Annotated[int, Range(ge=0)] = 0
+    """Freeze the input embeddings (and an LM head tied to them) and the first N decoder layers; the backward then stops above them (0: train every weight; not with LoRA)."""
     lora_alpha: int = 16
     """LoRA alpha."""
     lora_dropout: Annotated[float, Range(ge=0, lt=1, hint="e.g. 0.05")] = 0.0
@@ -92,6 +94,8 @@ class ModelConfig:
     def check(self) -> None:
         """model.path names something loadable (checked before any weights are read); the tiny model's shape."""
         _check_model_path(self)
+        if self.freeze_layers and self.lora_r:
+            raise ConfigError("model.freeze_layers and model.lora_r both limit what trains; use one (LoRA already freezes the base weights)")
         if self.tiny_heads < 1 or self.tiny_hidden % self.tiny_heads:
             raise ConfigError(f"model.tiny_heads: must divide model.tiny_hidden ({self.tiny_hidden}), got {self.tiny_heads}")
 
@@ -504,7 +508,49 @@ def load_policy(m: ModelConfig, *, seed: int = 0, tiny_texts: list[str] | None =
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, config)
+    if m.freeze_layers:
+        freeze_lower_layers(model, m.freeze_layers)
     return model, tokenizer
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The stack of transformer blocks of a causal LM (model.model.layers, transformer.h, ...)."""
+    stacks = [m for name, m in unwrap_peft(model).named_modules()
+              if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks")]
+    if len(stacks) != 1:
+        raise ValueError(f"cannot find the one stack of decoder layers of {type(model).__name__} (found {len(stacks)})")
+    return stacks[0]
+
+
+def freeze_lower_layers(model: torch.nn.Module, n: int) -> None:
+    """`model.freeze_layers=n`: no gradient for the input embeddings (so none for an LM head tied to
+    them) and the first `n` decoder layers. Autograd then stops the backward at layer n: the
+    update's cost drops with the frozen share of the layers, and the frozen weights never change
+    (AdamW skips parameters without a gradient). The weights stay in the model and its checkpoints."""
+    layers = decoder_layers(model)
+    if not 0 < n < len(layers):
+        raise ConfigError(f"model.freeze_layers={n}: the model has {len(layers)} decoder layers; freeze 1 to {len(layers) - 1} "
+                          "(or 0 to train them all)")
+    unwrap_peft(model).get_input_embeddings().requires_grad_(False)
+    for layer in layers[:n]:
+        layer.requires_grad_(False)
+
+
+def set_autocast(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
+    """`train.mixed_precision=bf16` in one process: the trainer runs the decoder of `model` under
+    `torch.autocast(dtype)` (`trainer_autocast`); the weights, gradients and AdamW state stay
+    float32 and the LM head's log-probs are taken in float32. None: plain float32."""
+    unwrap_peft(model).seekrl_autocast = dtype
+
+
+def trainer_autocast(model: torch.nn.Module):
+    """The autocast context `set_autocast` chose for `model` (a null context when none)."""
+    import contextlib
+
+    dtype = getattr(unwrap_peft(model), "seekrl_autocast", None)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------

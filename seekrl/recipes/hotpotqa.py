@@ -47,12 +47,11 @@ from rich.console import Console
 
 from seekrl.config import load_config
 
-__all__ = ["run", "hotpotqa_split", "paired_bootstrap", "supported_episode", "DEFAULT_CONFIG", "SPLIT_KEY"]
+__all__ = ["run", "hotpotqa_split", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "learning_curve",
+           "check_from_curve", "DEFAULT_CONFIG", "SPLIT_KEY"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
 SPLIT_KEY = "seekrl-hotpotqa-split-v1"  # part of the hash: changing it would change the split
-EVALS = (("base", "base model", "base"), ("sft", "after SFT", "heldout"), ("grpo", "after GRPO", "heldout"),
-         ("check", "after GRPO, check questions", "check"))
 COLUMNS = (("EM", "eval/em"), ("F1", "eval/f1"), ("searches/question", "eval/tool_calls"),
            ("well-formed", "eval/well_formed"), ("answer rate", "eval/answer_rate"))
 
@@ -93,6 +92,59 @@ def paired_bootstrap(before: list[float], after: list[float], n: int = 10_000, s
     means = d[rng.integers(0, len(d), size=(n, len(d)))].mean(axis=1)
     lo, hi = np.percentile(means, [2.5, 97.5])
     return {"mean": float(d.mean()), "ci95": [float(lo), float(hi)], "n": len(d), "resamples": n}
+
+
+def question_types(path: Path) -> dict[str, str]:
+    """`_id` -> HotpotQA's question `type` (bridge | comparison) of a split file."""
+    rows = (json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip())
+    return {str(r["_id"]): str(r.get("type") or "unknown") for r in rows}
+
+
+def em_by_type(scores: dict[str, float], kinds: dict[str, str]) -> dict[str, dict]:
+    """{type: {"em", "n"}} over the questions of `scores` (task id -> EM)."""
+    out: dict[str, list[float]] = {}
+    for task_id, em in scores.items():
+        out.setdefault(kinds.get(task_id, "unknown"), []).append(em)
+    return {k: {"em": sum(v) / len(v), "n": len(v)} for k, v in sorted(out.items())}
+
+
+def learning_curve(run_dir: Path) -> list[dict]:
+    """The GRPO run's evals on the curve questions (metrics.jsonl rows with eval/em): step, training
+    minutes so far (the sum of step times, evals not included), check-set EM and F1, and the mean
+    training reward of the last steps since the previous point."""
+    from seekrl.observe.loggers import read_metrics
+
+    out, minutes, rewards = [], 0.0, []
+    for r in read_metrics(run_dir):
+        minutes += r.get("time/step_s", 0.0) / 60
+        if "reward/mean" in r:
+            rewards.append(r["reward/mean"])
+        if "eval/em" in r:
+            out.append({"step": int(r["step"]), "minutes": minutes, "check EM": r["eval/em"], "check F1": r.get("eval/f1"),
+                        "check well-formed": r.get("eval/well_formed"),
+                        "reward/mean (steps since the last point)": sum(rewards) / len(rewards) if rewards else None})
+            rewards = []
+    return out
+
+
+def check_from_curve(run_dir: Path) -> dict:
+    """The last eval of the learning curve (the final policy on the curve questions), as eval.json's keys."""
+    from seekrl.observe.loggers import read_metrics
+
+    last = [r for r in read_metrics(run_dir) if "eval/em" in r]
+    if not last:
+        raise ValueError(f"{run_dir}/metrics.jsonl has no eval on the check questions")
+    return {k: v for k, v in last[-1].items() if k.startswith("eval/")}
+
+
+def _type_rows(res: dict) -> list[dict]:
+    rows = []
+    for name, by in res["em_by_type"].items():
+        row = {"model": "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})"}
+        for kind, v in by.items():
+            row[f"{kind} EM (n={v['n']})"] = v["em"]
+        rows.append(row)
+    return rows
 
 
 def _dev_rows() -> list[dict]:
@@ -142,11 +194,18 @@ def _results_markdown(res: dict) -> str:
     from seekrl.demo import markdown_table
 
     lines = ["# seekrl recipe hotpotqa_smollm2: HotpotQA, BM25 search, greedy", "", markdown_table(res["table"]).rstrip()]
-    for name, label in (("grpo_gain", "GRPO over SFT"), ("sft_gain", "SFT over the base model")):
-        g = res.get(name)
+    gains = [(f"GRPO (train.seed={g['seed']}) over SFT", "held-out", g) for g in res.get("grpo_gains", {}).values()]
+    for label, where, g in [*gains, ("SFT over the base model", "base", res.get("sft_gain"))]:
         if g:
-            lines += ["", f"EM gain, {label} (the {'base' if name == 'sft_gain' else 'held-out'} questions, paired bootstrap, {g['resamples']:,} resamples of {g['n']} questions): "
+            lines += ["", f"EM gain, {label} (the {where} questions, paired bootstrap, {g['resamples']:,} resamples of {g['n']} questions): "
                       f"**{100 * g['mean']:+.1f} points**, 95% CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]"]
+    if len(gains) > 1:
+        lines += ["", f"Mean EM gain of GRPO over SFT across the {len(gains)} seeds: **{100 * res['grpo_gain_mean']:+.1f} points**"]
+    if res.get("em_by_type"):
+        lines += ["", "EM by question type (held-out):", "", markdown_table(_type_rows(res)).rstrip()]
+    if res.get("curve"):
+        lines += ["", "Learning curve of the first seed (check questions, greedy; minutes: training time, evals not counted):", "",
+                  markdown_table(res["curve"]).rstrip()]
     lines += ["", "| stage | wall time (s) |", "|---|---|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in res["stage_seconds"].items()]
     lines += [f"| total | {sum(res['stage_seconds'].values()):.0f} |", ""]
@@ -170,7 +229,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     out_dir = Path(out)
     config = str(config or DEFAULT_CONFIG)
     index_dir, data_dir = out_dir / "index", out_dir / "data"
-    files = {k: data_dir / f"{k}.jsonl" for k in ("train", "heldout", "check", "base")}
+    files = {k: data_dir / f"{k}.jsonl" for k in ("train", "heldout", "check", "base", "curve")}
     paths = [f"data.train={files['train']}", f"data.eval={files['heldout']}", f"tools.retriever={index_dir}", f"log.dir={out_dir}"]
     overrides = list(overrides)
     cfg0 = load_config(config, paths + overrides + ["tools.format=null"])  # a bad config fails before anything runs
@@ -202,6 +261,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     if not all(f.is_file() for f in files.values()):
         split = hotpotqa_split(_dev_rows(), d.eval_questions, d.check_questions)
         split["base"] = split["heldout"][:d.base_questions]
+        split["curve"] = split["check"][:d.curve_questions]
         for k, rows in split.items():
             _write_jsonl(files[k], rows)
     counts = {k: sum(1 for _ in f.open(encoding="utf-8")) for k, f in files.items()}
@@ -238,42 +298,66 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
 
     sft_over = [*paths, *overrides, f"data.train={sft_rows}", "data.eval=null", "log.name=sft",
                 f"train.steps={d.sft_steps}", f"train.lr={d.sft_lr}", f"rollout.batch_size={d.sft_batch_size}",
-                "train.warmup_steps=5", "train.schedule=cosine", f"train.save_every={max(1, d.sft_steps // 3)}", "train.resume=auto"]
+                "train.warmup_steps=5", "train.schedule=cosine", f"train.save_every={max(1, d.sft_steps // 3)}", "train.resume=auto",
+                "model.freeze_layers=0", "train.mixed_precision=fp32"]  # the warm start trains every weight in fp32 (RESULTS.md)
     sft_model = out_dir / "sft" / "checkpoints" / f"step_{d.sft_steps}" / "model"
     stage("5. sft", cmd("sft", config, *sft_over))
     if not (sft_model / "config.json").is_file():
         timed("sft", jobs.sft, load_config(config, sft_over))
     evals["sft"] = evaluate("sft", str(sft_model), "heldout")
 
-    rl_over = [*paths, *overrides, f"model.path={sft_model}", "data.eval=null", "log.name=grpo", "train.resume=auto"]
-    rl_cfg = load_config(config, rl_over)
-    rl_model = out_dir / "grpo" / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"
-    stage("7. grpo", cmd("train", config, *rl_over))
-    if not (rl_model / "config.json").is_file():
-        timed("grpo", jobs.train, rl_cfg)
-    evals["grpo"] = evaluate("grpo", str(rl_model), "heldout")
-    evals["check"] = evaluate("check", str(rl_model), "check")
+    runs = {}  # GRPO run name -> its seed: one run per demo.grpo_seeds, all from the SFT checkpoint
+    for i, seed in enumerate(d.grpo_seeds):
+        name = "grpo" if i == 0 else f"grpo_s{seed}"
+        curve = i == 0 and d.check_every > 0  # the first seed's learning curve on the check questions
+        rl_over = [*paths, *overrides, f"model.path={sft_model}", f"train.seed={seed}", f"log.name={name}", "train.resume=auto",
+                   *([f"data.eval={files['curve']}", f"eval.every={d.check_every}"] if curve else ["data.eval=null"])]
+        rl_cfg = load_config(config, rl_over)
+        rl_model = out_dir / name / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"
+        stage(f"7. grpo (train.seed={seed})", cmd("train", config, *rl_over))
+        if not (rl_model / "config.json").is_file():
+            timed(name, jobs.train, rl_cfg)
+        evals[name] = evaluate(name, str(rl_model), "heldout")
+        runs[name] = seed
+    first = next(iter(runs))
+    if d.check_every > 0:  # the curve's last point is the check of the final policy
+        evals["check"] = check_from_curve(out_dir / first)
+    else:
+        evals["check"] = evaluate("check", str(out_dir / first / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"), "check")
 
+    rows = [("base", "base model", "base"), ("sft", "after SFT", "heldout")]
+    rows += [(name, f"after GRPO (train.seed={seed})", "heldout") for name, seed in runs.items()]
+    rows += [("check", "after GRPO, check questions" + (f" (train.seed={runs[first]})" if len(runs) > 1 else ""), "check")]
     table = []
-    for name, label, questions in EVALS:
+    for name, label, questions in rows:
         m = evals[name]
         table.append({"model": label, "questions": questions, "n": int(m.get("eval/count", 0)),
                       **{col: m.get(key) for col, key in COLUMNS}})
-    scores = {name: _scores(out_dir / name / "eval") for name in ("base", "sft", "grpo")}
+    scores = {name: _scores(out_dir / name / "eval") for name in ("base", "sft", *runs)}
     ids = sorted(scores["sft"])
+    kinds = question_types(files["heldout"])
+    gains = {name: {"seed": seed, **paired_bootstrap([scores["sft"][i] for i in ids], [scores[name][i] for i in ids])}
+             for name, seed in runs.items()}
     res = {"recipe": "hotpotqa_smollm2", "config": config, "overrides": overrides, "table": table, "evals": evals,
            "teacher": teacher, "split": counts, "stage_seconds": timings,
-           "train_seconds": {name: _train_seconds(out_dir / name) for name in ("sft", "grpo")},
-           "grpo_gain": paired_bootstrap([scores["sft"][i] for i in ids], [scores["grpo"][i] for i in ids]),
+           "train_seconds": {name: _train_seconds(out_dir / name) for name in ("sft", *runs)},
+           "grpo_gain": gains[first], "grpo_gains": gains,
+           "grpo_gain_mean": sum(g["mean"] for g in gains.values()) / len(gains),
+           "em_by_type": {name: em_by_type(scores[name], kinds) for name in ("sft", *runs)},
+           "curve": learning_curve(out_dir / first) if d.check_every > 0 else [],
            "sft_gain": paired_bootstrap([scores["base"][i] for i in sorted(scores["base"])],
                                         [scores["sft"][i] for i in sorted(scores["base"])])}
     md = _results_markdown(res)
     (out_dir / "results.json").write_text(json.dumps(res, indent=2))
     (out_dir / "results.md").write_text(md)
     stage("9. report", cmd("report", out_dir / "grpo", "--out", out_dir / "report.html"))
-    report = write_report(out_dir / "grpo", out_dir / "report.html",
-                          title="seekrl recipe: SmolLM2-135M learns to search HotpotQA",
-                          sections=[("Held-out questions before and after each stage (greedy)", markdown_table_to_html(markdown_table(table)))])
+    sections = [("Held-out questions before and after each stage (greedy)", markdown_table_to_html(markdown_table(table))),
+                ("EM by question type (held-out)", markdown_table_to_html(markdown_table(_type_rows(res))))]
+    if res["curve"]:
+        sections.append(("Learning curve: check questions (greedy) and training reward, against steps and minutes",
+                         markdown_table_to_html(markdown_table(res["curve"]))))
+    report = write_report(out_dir / first, out_dir / "report.html",
+                          title="seekrl recipe: SmolLM2-135M learns to search HotpotQA", sections=sections)
     print(md, end="")
     print(f"wrote {out_dir / 'results.json'}, {out_dir / 'results.md'} and {report}", file=sys.stderr)
     return res

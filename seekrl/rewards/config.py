@@ -4,7 +4,7 @@ rewards/rubric.py reads it (`build_rubric`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 from seekrl.errors import ConfigError
 from seekrl.schema import Range
@@ -26,6 +26,10 @@ class RewardConfig:
     """Most negative repetition penalty."""
     cosine_max_len: int = 0
     """Length at which the cosine reward reaches its end value; 0 uses max_new_tokens."""
+    search_r1_partial: Literal["none", "f1", "subem"] = "none"
+    """Partial credit of the search_r1 reward for a well-formed episode whose answer is not exact: none | f1 (the answer's token F1) | subem (1 when it contains a gold answer), times search_r1_partial_weight."""
+    search_r1_partial_weight: Annotated[float, Range(ge=0, lt=0.7, hint="below 1 - 0.2 - 0.1, so the exact answer scores most")] = 0.5
+    """Weight of that partial credit (the exact answer scores 1.0; a well-formed miss 0.2, +0.1 when retrieved)."""
     judge_url: str | None = None
     """The judge's OpenAI-compatible base URL (reward 'judge'; rewards/judge.py), e.g. http://127.0.0.1:8002/v1 (seekrl serve policy, vLLM, a hosted API); POST <url>/chat/completions."""
     judge_model: str = "default"

@@ -317,6 +317,8 @@ def build_rubric(r: RewardConfig, max_new_tokens: int) -> Rubric:
         params["overlong"] = {"max_tokens": max_new_tokens, "buffer": buffer}
     if "judge" in r.functions:
         params["judge"] = _judge_params(r)
+    if "search_r1" in r.functions and r.search_r1_partial != "none":
+        params["search_r1"] = {"partial": r.search_r1_partial, "partial_weight": r.search_r1_partial_weight}
     try:
         return Rubric(r.functions, r.weights, params)
     except ConfigError:  # already names its key (reward.judge_cache, ...)

@@ -21,10 +21,10 @@ import re
 from typing import Any
 
 from seekrl.rewards.base import RewardResult, TurnContext
-from seekrl.rewards.qa import exact_match, extract_answer, gold_list, normalize_answer
+from seekrl.rewards.qa import exact_match, extract_answer, f1_score, gold_list, normalize_answer, substring_match
 from seekrl.types import Task
 
-__all__ = ["make_search_r1_reward", "is_valid_sequence", "retrieved_gold", "make_retrieved_gold_turn_reward"]
+__all__ = ["make_search_r1_reward", "is_valid_sequence", "retrieved_gold", "make_retrieved_gold_turn_reward", "PARTIAL_CREDIT"]
 
 _TAG = re.compile(r"<(/?)(think|search|information|answer)>")
 
@@ -64,22 +64,44 @@ def retrieved_gold(text: str, golds: Any) -> bool:
     return any(g and g in info for g in wanted for info in infos)
 
 
+PARTIAL_CREDIT = ("none", "f1", "subem")
+
+
 def make_search_r1_reward(
     structure_format_score: float = 0.2, final_format_score: float = 0.1, retrieval_score: float = 0.1,
-    score: float = 1.0, require_think: bool = False,
+    score: float = 1.0, require_think: bool = False, partial: str = "none", partial_weight: float = 0.5,
 ):
+    """Search-R1's outcome reward: `score` for the exact answer (less `structure_format_score` when
+    the episode is malformed), else `structure_format_score` (+ `retrieval_score` when a retrieved
+    passage holds the gold answer) for a well-formed episode, `final_format_score` for an answer in a
+    malformed one. `partial` ("f1" | "subem", reward.search_r1_partial) adds `partial_weight` × the
+    answer's token F1 (or 1 when it contains a gold answer) to a well-formed episode that misses the
+    exact answer, so near misses outrank wrong answers and the exact answer still scores most."""
+    if partial not in PARTIAL_CREDIT:
+        raise ValueError(f"search_r1 partial credit must be one of {', '.join(PARTIAL_CREDIT)}, got {partial!r}")
+    room = round(score - structure_format_score - retrieval_score, 9)  # what a well-formed, retrieving miss is below the exact answer
+    if partial != "none" and not 0 <= partial_weight < room:
+        raise ValueError(f"search_r1 partial_weight must be in [0, {room:g}) so that the exact answer scores most, got {partial_weight}")
+
     def search_r1(completion: str, task: Task, **ctx: Any):
         answer = extract_answer(completion)
         valid = is_valid_sequence(completion, require_think)
         retrieved = retrieved_gold(completion, task.answer)
         em = exact_match(answer, task.answer) if answer is not None else 0.0
+        parts = {"em": em, "valid_format": float(valid), "retrieved_gold": float(retrieved)}
+        if partial != "none":  # the credit a near miss earns (logged for every episode: 0 unless paid)
+            parts["partial"] = 0.0
         if em:
             total = score if valid else score - structure_format_score
         elif valid:
             total = structure_format_score + (retrieval_score if retrieved else 0.0)
+            if partial != "none" and answer is not None:
+                credit = f1_score(answer, task.answer) if partial == "f1" else substring_match(answer, task.answer)
+                parts["partial"] = credit
+                total += partial_weight * credit
         else:
             total = final_format_score if answer is not None else 0.0
-        return RewardResult(total, {"em": em, "valid_format": float(valid), "retrieved_gold": float(retrieved)})
+        return RewardResult(total, parts)
 
     return search_r1
 

@@ -36,7 +36,7 @@ import torch
 
 from seekrl.algo.head_logprob import head_logprob_entropy, worth_chunking
 from seekrl.algo.losses import entropy_from_logits
-from seekrl.models import unwrap_peft
+from seekrl.models import trainer_autocast, unwrap_peft
 from seekrl.train.batch import TokenBatch
 from seekrl.train.packing import PackedFull, PackedPrefix, pack_full, pack_prefix, packed_hidden, saves_rows
 
@@ -137,8 +137,14 @@ def _decoder(model):
 
 
 def completion_hidden(model, mb: MicroBatch) -> torch.Tensor:
-    """Hidden states `(B, C, H)` at the positions that predict each completion token."""
-    decoder = _decoder(model)
+    """Hidden states `(B, C, H)` at the positions that predict each completion token (float32:
+    under `train.mixed_precision=bf16` the decoder runs in bf16 and the head in float32)."""
+    with trainer_autocast(model):
+        hidden_BCH = _completion_hidden(_decoder(model), mb)
+    return hidden_BCH.float()
+
+
+def _completion_hidden(decoder, mb: MicroBatch) -> torch.Tensor:
     if mb.packed is not None:
         return packed_hidden(decoder, mb.packed)
     if mb.prompt_ids_UP is not None:

@@ -65,4 +65,4 @@ class TrainConfig:
     dist_timeout_s: Annotated[float, Range(gt=0, text="> 0 seconds")] = 1800.0
     """Longest wait of a rank for the others (a collective, the controller's rollout): a rank that died or hangs ends the job after this, naming the rank."""
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """FSDP compute dtype: auto (bf16 compute with fp32 master weights and reductions on CUDA; fp32 on CPU) | bf16 | fp32."""
+    """Trainer compute dtype: auto (several ranks on CUDA: bf16 compute with fp32 master weights and reductions; otherwise fp32) | bf16 (also one process, CPU or CUDA: the decoder under torch.autocast bf16, weights, AdamW state and the LM head's log-probs fp32; old log-probs recomputed under train.recompute_logprobs=auto) | fp32."""

@@ -251,8 +251,9 @@ def log_rollout_stats(stats: StatsTracker, trajs: list[Trajectory]) -> None:
 
 
 async def run_eval(rl: RLRun) -> dict[str, float]:
+    t0 = time.perf_counter()
     metrics, _ = await evaluate(rl.workflow, rl.engine, rl.tasks.eval, rl.eval.n, rl.eval_params, rl.primary_reward)
-    return metrics
+    return {**metrics, "time/eval_s": time.perf_counter() - t0}
 
 
 # ---- checkpoints --------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """`seekrl demo --recipe hotpotqa_smollm2` end to end at a toy size, a tiny random model standing in
-for SmolLM2: the real HotpotQA index and split, the teacher with the real search tool, SFT, four
-evals, GRPO, results and report; a rerun resumes (every stage skipped); `seekrl eval` on a stage's
-config.yaml reproduces the recipe's own eval; checkpoints load with from_pretrained."""
+for SmolLM2: the real HotpotQA index and split, the teacher with the real search tool, SFT, evals,
+two GRPO seeds (the first with its learning curve on the check questions), results and report; a
+rerun resumes (every stage skipped); `seekrl eval` on a stage's config.yaml reproduces the recipe's
+own eval; checkpoints load with from_pretrained."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ SMALL = [
     "demo.sft_steps=2", "demo.sft_batch_size=4", "train.steps=2", "train.save_every=1",
     "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_new_tokens=8",
     "log.progress=false", "log.tensorboard=false",
+    "model.freeze_layers=0", "demo.grpo_seeds=[0,1]", "demo.check_every=1", "demo.curve_questions=3",
 ]
 
 
@@ -34,8 +36,9 @@ def recipe(tmp_path_factory):
 def test_recipe_runs_every_stage(recipe):
     out = recipe
     assert json.loads((out / "index" / "meta.json").read_text())["num_docs"] == 14903
-    data = {k: _lines(out / "data" / f"{k}.jsonl") for k in ("train", "heldout", "check", "base")}
-    assert [len(data[k]) for k in ("train", "heldout", "check", "base")] == [1225 - 14, 8, 6, 4]
+    data = {k: _lines(out / "data" / f"{k}.jsonl") for k in ("train", "heldout", "check", "base", "curve")}
+    assert [len(data[k]) for k in ("train", "heldout", "check", "base", "curve")] == [1225 - 14, 8, 6, 4, 3]
+    assert data["curve"] == data["check"][:3]
     ids = {k: {r["_id"] for r in v} for k, v in data.items()}
     assert ids["base"] <= ids["heldout"] and not ids["heldout"] & ids["train"] and not ids["check"] & ids["train"]
     assert not ids["heldout"] & ids["check"]
@@ -51,27 +54,47 @@ def test_recipe_runs_every_stage(recipe):
     # trained stages: resolved config and from_pretrained-loadable checkpoints
     from transformers import AutoModelForCausalLM
 
-    for stage in ("sft", "grpo"):
+    for stage in ("sft", "grpo", "grpo_s1"):
         assert "tools:" in (out / stage / "config.yaml").read_text()
         model = AutoModelForCausalLM.from_pretrained(out / stage / "checkpoints" / "step_2" / "model")
         assert model.config.num_hidden_layers == 1
 
     res = json.loads((out / "results.json").read_text())
     assert [(r["model"], r["n"]) for r in res["table"]] == [
-        ("base model", 4), ("after SFT", 8), ("after GRPO", 8), ("after GRPO, check questions", 6)]
-    for row, name in zip(res["table"], ("base", "sft", "grpo", "check")):
+        ("base model", 4), ("after SFT", 8), ("after GRPO (train.seed=0)", 8), ("after GRPO (train.seed=1)", 8),
+        ("after GRPO, check questions (train.seed=0)", 3)]
+    for row, name in zip(res["table"], ("base", "sft", "grpo", "grpo_s1")):
         ev = json.loads((out / name / "eval" / "eval.json").read_text())
         assert row["EM"] == ev["eval/em"] and row["well-formed"] == ev["eval/well_formed"]
         assert row["searches/question"] == ev["eval/tool_calls"]
-    g = res["grpo_gain"]
-    assert g["n"] == 8 and g["ci95"][0] <= g["mean"] <= g["ci95"][1]
-    assert g["mean"] == pytest.approx(res["table"][2]["EM"] - res["table"][1]["EM"])
-    assert set(res["train_seconds"]) == {"sft", "grpo"} and all(v > 0 for v in res["train_seconds"].values())
-    assert set(res["stage_seconds"]) == {"index", "teacher", "eval base", "sft", "eval sft", "grpo", "eval grpo", "eval check"}
+    assert (out / "grpo_s1" / "config.yaml").read_text().count("seed: 1") >= 1
+    for i, name in enumerate(("grpo", "grpo_s1")):
+        g = res["grpo_gains"][name]
+        assert g["n"] == 8 and g["ci95"][0] <= g["mean"] <= g["ci95"][1] and g["seed"] == i
+        assert g["mean"] == pytest.approx(res["table"][2 + i]["EM"] - res["table"][1]["EM"])
+    assert res["grpo_gain"] == res["grpo_gains"]["grpo"]
+    assert res["grpo_gain_mean"] == pytest.approx((res["grpo_gains"]["grpo"]["mean"] + res["grpo_gains"]["grpo_s1"]["mean"]) / 2)
+    # EM by question type: the held-out questions' own types, weighted back to the overall EM
+    kinds = {r["_id"]: r["type"] or "unknown" for r in data["heldout"]}  # 302 dev rows (an IRCoT copy) have no type
+    for name in ("sft", "grpo", "grpo_s1"):
+        by = res["em_by_type"][name]
+        assert set(by) == set(kinds.values()) and sum(v["n"] for v in by.values()) == 8
+        assert sum(v["em"] * v["n"] for v in by.values()) / 8 == pytest.approx(res["evals"][name]["eval/em"])
+    # the learning curve: the first seed on the curve questions at steps 0, 1 (every 1) and 2 (the last)
+    curve = res["curve"]
+    assert [p["step"] for p in curve] == [0, 1, 2] and curve[0]["minutes"] == 0 and curve[-1]["minutes"] > 0
+    evals = [r for r in _lines(out / "grpo" / "metrics.jsonl") if "eval/em" in r]
+    assert [p["check EM"] for p in curve] == [r["eval/em"] for r in evals] and all(r["eval/count"] == 3 for r in evals)
+    assert res["table"][-1]["EM"] == evals[-1]["eval/em"] and all("time/eval_s" in r for r in evals)
+    assert not (out / "grpo_s1" / "metrics.jsonl").read_text().count("eval/em")  # only the first seed draws the curve
+    assert set(res["train_seconds"]) == {"sft", "grpo", "grpo_s1"} and all(v > 0 for v in res["train_seconds"].values())
+    assert set(res["stage_seconds"]) == {"index", "teacher", "eval base", "sft", "eval sft", "grpo", "eval grpo", "grpo_s1",
+                                         "eval grpo_s1"}
     md = (out / "results.md").read_text()
     assert "95% CI" in md and "| total |" in md and "after GRPO, check questions" in md
+    assert "GRPO (train.seed=1) over SFT" in md and "Mean EM gain" in md and "Learning curve" in md and "bridge EM" in md
     page = (out / "report.html").read_text()
-    assert page.index("Held-out questions before and after each stage") < page.index("<details")
+    assert page.index("Held-out questions before and after each stage") < page.index("Learning curve") < page.index("<details")
 
 
 def test_rerun_resumes_and_skips_every_stage(recipe, capsys):
@@ -87,9 +110,9 @@ def test_eval_on_a_stage_config_reproduces_the_recipe_eval(recipe):
     model = recipe / "grpo" / "checkpoints" / "step_2" / "model"
     for stage in ("grpo", "sft"):
         assert main(["eval", str(recipe / stage / "config.yaml"), f"model.path={model}",
-                     f"data.eval={recipe / 'data' / 'check.jsonl'}", f"log.name=again_{stage}"]) == 0
+                     f"data.eval={recipe / 'data' / 'heldout.jsonl'}", f"log.name=again_{stage}"]) == 0
         again = json.loads((recipe / f"again_{stage}" / "eval" / "eval.json").read_text())
-        check = json.loads((recipe / "check" / "eval" / "eval.json").read_text())
+        check = json.loads((recipe / "grpo" / "eval" / "eval.json").read_text())
         assert {k: again[k] for k in ("eval/em", "eval/f1", "eval/tool_calls", "eval/well_formed", "eval/count")} == \
                {k: check[k] for k in ("eval/em", "eval/f1", "eval/tool_calls", "eval/well_formed", "eval/count")}
 
@@ -109,9 +132,10 @@ def test_more_grpo_steps_continue_from_the_checkpoint_and_evaluate_the_new_model
     after = json.loads((recipe / "stage_seconds.json").read_text())
     assert {k: after[k] for k in ("index", "teacher", "eval base", "sft", "eval sft")} == \
            {k: before[k] for k in ("index", "teacher", "eval base", "sft", "eval sft")}
-    steps = [r["step"] for r in _lines(recipe / "grpo" / "metrics.jsonl") if "reward/mean" in r]
-    assert steps == [1, 2, 3]
-    for name in ("grpo", "check"):
+    for name in ("grpo", "grpo_s1"):
+        steps = [r["step"] for r in _lines(recipe / name / "metrics.jsonl") if "reward/mean" in r]
+        assert steps == [1, 2, 3]
         assert "step_3/model" in (recipe / name / "eval" / "config.yaml").read_text()
     res = json.loads((recipe / "results.json").read_text())
     assert res["evals"]["grpo"] == json.loads((recipe / "grpo" / "eval" / "eval.json").read_text())
+    assert [p["step"] for p in res["curve"]] == [0, 1, 2, 3]
