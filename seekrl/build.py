@@ -71,9 +71,9 @@ def run_folder(cfg: Config, write: bool = True) -> Path:
 
 
 def sampler_settings(cfg: Config) -> SamplerSettings:
-    """How seekrl's own engines sample: model.dtype / device, rollout.engine_batch_size / compile, train.seed."""
+    """How seekrl's own engines sample: model.dtype / device, rollout.engine_batch_size / compile / reuse_kv_tokens, train.seed."""
     return SamplerSettings(dtype=cfg.model.dtype, device=cfg.model.device, max_batch_size=cfg.rollout.engine_batch_size,
-                           seed=cfg.train.seed, compile=cfg.rollout.compile)
+                           seed=cfg.train.seed, compile=cfg.rollout.compile, reuse_kv_tokens=cfg.rollout.reuse_kv_tokens)
 
 
 def _rubric(cfg: Config) -> Rubric:

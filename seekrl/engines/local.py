@@ -38,6 +38,9 @@ one-token decode, one graph per (rows, length) bucket (engines/static_decode.py;
 log-probs as the growing-cache "false" path, the constructor's default). Weight updates copy
 into the parameters in place, so compiled graphs see them.
 
+`reuse_kv_tokens` (rollout.reuse_kv_tokens) > 0 keeps the keys and values of finished requests
+for the next turn of their episode, so that turn prefills only the new tokens (engines/prefix_kv.py).
+
 Run the tests: `python -m pytest tests/integration/test_local_engine.py tests/integration/test_engine_control.py
 tests/integration/test_compiled_decode.py -q`.
 """
@@ -55,6 +58,7 @@ import time
 import torch
 
 from seekrl.engines.base import text_decoder
+from seekrl.engines.prefix_kv import PrefixKV
 from seekrl.engines.sampling import Batch, Request, joined
 from seekrl.engines.static_decode import decode_graphs
 from seekrl.types import Completion, SamplingParams
@@ -92,6 +96,7 @@ class LocalEngine:
         version: int = 0,
         compact_fraction: float = 0.25,
         compile: str | bool = "false",
+        reuse_kv_tokens: int = 0,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -105,6 +110,8 @@ class LocalEngine:
         self.generator.manual_seed(seed)
         # None ("false"): DynamicCache decode; else the static KV cache and its compiled decode (static_decode.py)
         self.decode_graphs = decode_graphs(model, compile, self.device)
+        # finished requests' keys and values for the next turn of their episode (engines/prefix_kv.py); None: off
+        self.prefix_kv = PrefixKV(reuse_kv_tokens) if reuse_kv_tokens > 0 else None
         gen_config = getattr(model, "generation_config", None)
         self.eos_ids = _as_id_set(
             tokenizer.eos_token_id,
@@ -180,6 +187,7 @@ class LocalEngine:
             if source is not self.model:
                 await asyncio.to_thread(self._load_weights, source)
             self.version = int(version)
+            self._forget_prefixes()
             return
         self._draining += 1  # the batch in flight takes no new requests, so it ends
         try:
@@ -187,6 +195,7 @@ class LocalEngine:
                 if source is not self.model:
                     await asyncio.to_thread(self._load_weights, source)
                 self.version = int(version)
+                self._forget_prefixes()
         finally:
             self._draining -= 1
             if self._inbox:
@@ -249,12 +258,18 @@ class LocalEngine:
         """Counters for the run's metrics (none: the in-process engine has no servers to lose)."""
         return {}
 
+    def _forget_prefixes(self) -> None:
+        """New weights (shared ones change in place): stored keys and values are no longer a prefill's."""
+        if self.prefix_kv is not None:
+            self.prefix_kv.clear()
+
     def state_dict(self) -> dict:
         """The version and the sampling generator's state (a uint8 tensor), for checkpoints."""
         return {"version": self.version, "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.version = int(state["version"])
+        self._forget_prefixes()
         gen = state.get("generator")
         if gen is None:  # a checkpoint of a run that sampled on remote servers
             return

@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from seekrl.engines.base import stop_window
+from seekrl.engines.prefix_kv import PrefixEntry, PrefixKV
 from seekrl.engines.static_decode import StaticKV
 from seekrl.types import Completion, SamplingParams
 
@@ -61,6 +62,7 @@ class BatchHost(Protocol):
     stats: dict
     compact_fraction: float
     decode_graphs: object  # static_decode.DecodeGraphs or None (the growing DynamicCache)
+    prefix_kv: PrefixKV | None  # finished requests' keys and values for their next turn (engines/prefix_kv.py), or None
     retracting: bool  # set by pause("retract"): the batch in flight ends at its next step
 
     def decode_text(self, ids: list[int]) -> str: ...
@@ -79,6 +81,7 @@ class _Row:
     stops: tuple[str, ...]
     window: int  # tokens decoded to look for a stop string
     prefix: list[int]  # tail of the tokens sampled before a retract (a stop string may span the cut)
+    prompt: list[int]  # what was prefilled for it (its prompt, plus the tokens before a retract)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logps: list[float] = dataclasses.field(default_factory=list)
     vers: list[int] = dataclasses.field(default_factory=list)
@@ -115,15 +118,15 @@ class Batch:
         if not reqs:
             return
         e, dev = self.e, self.dev
-        new: list[_Row] = []
-        prompts = []
+        fresh: list[tuple[_Row, list[int]]] = []
+        reused: list[tuple[_Row, list[int], PrefixEntry]] = []
         for r in reqs:
             prompt, p = r.remaining()
             i = len(self.params)
             self.params.append(p)
             stops = tuple(x for x in p.stop if x)
             row = _Row(r, i, p, set(p.stop_token_ids) | (set() if p.ignore_eos else e.eos_ids), stops,
-                       stop_window(stops), list(r.done.token_ids[-64:]) if r.done else [])
+                       stop_window(stops), list(r.done.token_ids[-64:]) if r.done else [], prompt)
             if p.seed is not None and p.temperature > 0:
                 g = torch.Generator(device=dev)
                 g.manual_seed(int(p.seed))
@@ -133,10 +136,25 @@ class Batch:
                     for _ in range(int(p.seed_offset)):
                         torch.rand((), generator=g, dtype=torch.float64, device=dev)
                 self.gens[i] = g
-            new.append(row)
-            prompts.append(prompt)
-        self.all_rows.extend(new)
-        e.stats["requests"] += len(new)
+            row.fwd = version
+            entry = e.prefix_kv.take(prompt) if e.prefix_kv is not None else None
+            if entry is not None:
+                reused.append((row, prompt, entry))
+            else:
+                fresh.append((row, prompt))
+        self.all_rows.extend(row for row, *_ in (*fresh, *reused))
+        e.stats["requests"] += len(reqs)
+        if fresh:
+            self._prefill(fresh)
+        if reused:
+            self._continue(reused)
+        self.sampler = _RowSampler(self.params, [r.i for r in self.rows], dev)
+        e.stats["max_rows"] = max(e.stats["max_rows"], self.active())
+
+    def _prefill(self, fresh: list[tuple[_Row, list[int]]]) -> None:
+        """Prefill the prompts of `fresh` rows (each distinct prompt once) and merge them in."""
+        e, dev = self.e, self.dev
+        prompts = [p for _, p in fresh]
         # The G samples of a task share their prompt: prefill each distinct prompt once.
         distinct: dict[tuple, int] = {}
         row_u = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
@@ -153,17 +171,50 @@ class Batch:
         e.stats["forward_steps"] += 1
         e.stats["prefill_tokens"] += sum(ulens)
         logits_nV, mask_nL = out.logits[:, -1, :], mask_uL
-        if len(uniq) < len(new):
+        if len(uniq) < len(prompts):
             row_u_t = torch.tensor(row_u, dtype=torch.long, device=dev)
             cache.reorder_cache(row_u_t)
             logits_nV, mask_nL = logits_nV[row_u_t], mask_nL[row_u_t]
         pos_n1 = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)[:, None]
-        for row in new:
-            row.fwd = version
         self._merge(cache, mask_nL, pos_n1, logits_nV)
-        self.rows.extend(new)
-        self.sampler = _RowSampler(self.params, [r.i for r in self.rows], dev)
-        e.stats["max_rows"] = max(e.stats["max_rows"], self.active())
+        self.rows.extend(row for row, _ in fresh)
+
+    def _continue(self, reused: list[tuple[_Row, list[int], PrefixEntry]]) -> None:
+        """Rows whose prompt starts with a stored prefix (engines/prefix_kv.py): the stored keys and
+        values, then a forward of only the rest. All rows feed the same S tokens, S the longest
+        rest; a row with a shorter rest feeds the last stored tokens again, so no padding sits
+        between the stored part (left-padded to a common length) and the new tokens."""
+        e, dev = self.e, self.dev
+        S = max(len(p) - entry.length for _, p, entry in reused)
+        kept = [len(p) - S for _, p, _ in reused]  # stored tokens each row keeps (the rest it feeds again)
+        if min(kept) < 0:  # a prompt shorter than the longest rest: prefill it whole
+            self._prefill([(row, p) for (row, p, _), k in zip(reused, kept) if k < 0])
+            reused = [x for x, k in zip(reused, kept) if k >= 0]
+            if not reused:
+                return
+            S = max(len(p) - entry.length for _, p, entry in reused)
+            kept = [len(p) - S for _, p, _ in reused]
+        C = max(kept)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=e.model.config)
+        if C > 0:
+            pad = torch.nn.functional.pad
+            for li in range(len(reused[0][2].layers)):
+                keys = torch.stack([pad(entry.layers[li][0][:, :k], (0, 0, C - k, 0)) for (_, _, entry), k in zip(reused, kept)])
+                values = torch.stack([pad(entry.layers[li][1][:, :k], (0, 0, C - k, 0)) for (_, _, entry), k in zip(reused, kept)])
+                cache.update(keys.to(dev), values.to(dev), li)
+        input_ids = torch.tensor([p[k:] for (_, p, _), k in zip(reused, kept)], dtype=torch.long, device=dev)
+        mask_nL = torch.tensor([[0] * (C - k) + [1] * (k + S) for k in kept], dtype=torch.long, device=dev)
+        pos_nS = torch.tensor(kept, dtype=torch.long, device=dev)[:, None] + torch.arange(S, device=dev)[None]
+        out = e.model(input_ids=input_ids, attention_mask=mask_nL, position_ids=pos_nS, past_key_values=cache, use_cache=True,
+                      logits_to_keep=1)
+        e.stats["forward_steps"] += 1
+        e.stats["prefill_tokens"] += S * len(reused)
+        e.stats["reused_tokens"] = e.stats.get("reused_tokens", 0) + sum(kept)
+        pos_n1 = torch.tensor([len(p) for _, p, _ in reused], dtype=torch.long, device=dev)[:, None]
+        self._merge(out.past_key_values, mask_nL, pos_n1, out.logits[:, -1, :])
+        self.rows.extend(row for row, _, _ in reused)
 
     def _merge(self, cache, mask_nL, pos_n1, logits_nV) -> None:
         if self.kv is None:
@@ -211,6 +262,9 @@ class Batch:
                 elif len(row.tokens) >= row.params.max_new_tokens:
                     row.reason = "length"
             if row.reason is not None:
+                if e.prefix_kv is not None and row.reason in ("stop", "length") and len(row.tokens) > 1:
+                    # its prompt and all but its last token went through the model: kept for its next turn
+                    e.prefix_kv.put(row.prompt + row.tokens[:-1], self.kv.row(j))
                 self.done += 1
                 e.stats["tokens"] += len(row.tokens)
                 e.stats["aborted"] += row.reason == "abort"
@@ -262,6 +316,11 @@ class DynamicKV:
             old.values = torch.cat([pad(old.values, (0, 0, L - old.values.shape[-2], 0)),
                                     pad(new.values, (0, 0, L - new.values.shape[-2], 0))])
         self.mask_bL = torch.cat([pad(self.mask_bL, (L - self.mask_bL.shape[1], 0)), pad(mask_nL, (L - mask_nL.shape[1], 0))])
+
+    def row(self, j: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row j's keys and values at the columns it attends to, per layer `(kv_heads, n, head_dim)` (copies)."""
+        cols = self.mask_bL[j].bool()
+        return [(layer.keys[j][:, cols].clone(), layer.values[j][:, cols].clone()) for layer in self.cache.layers]
 
     def select(self, keep_t: torch.Tensor) -> None:
         """Keep the rows `keep_t` and cut the left columns none of them attends to."""

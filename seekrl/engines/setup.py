@@ -39,13 +39,14 @@ __all__ = ["SamplerSettings", "make_engine", "engine_token", "server_command", "
 @dataclass(frozen=True)
 class SamplerSettings:
     """How an engine of seekrl's own (in-process, or `seekrl serve engine`) loads and samples:
-    from model.dtype / model.device, rollout.engine_batch_size, rollout.compile and train.seed."""
+    from model.dtype / model.device, rollout.engine_batch_size, rollout.compile, rollout.reuse_kv_tokens and train.seed."""
 
     dtype: str = "float32"
     device: str = "auto"
     max_batch_size: int = 64
     seed: int = 0
     compile: str = "auto"
+    reuse_kv_tokens: int = 0
 
 
 def engine_token(e: EngineConfig) -> str | None:
@@ -64,7 +65,8 @@ def make_engine(e: EngineConfig, model, tokenizer, run_dir: str | os.PathLike, s
     if e.kind == "local":
         if copy_weights:  # it samples while the trainer steps: a copy, synced at each publish
             model = copy.deepcopy(model).requires_grad_(False)
-        return LocalEngine(model, tokenizer, max_batch_size=settings.max_batch_size, seed=settings.seed, compile=settings.compile)
+        return LocalEngine(model, tokenizer, max_batch_size=settings.max_batch_size, seed=settings.seed, compile=settings.compile,
+                           reuse_kv_tokens=settings.reuse_kv_tokens)
     from seekrl.engines.adapters import get_api
     from seekrl.engines.remote import RemoteEngine
     from seekrl.engines.weights import write_weights

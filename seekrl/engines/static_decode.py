@@ -255,6 +255,12 @@ class StaticKV:
         self.n, self.L = k, L - first
         self._fit(k, self.L, layers)
 
+    def row(self, j: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row j's keys and values at the columns it attends to, per layer `(kv_heads, n, head_dim)` (copies)."""
+        cols = self.mask_RC[j, : self.L]
+        return [(layer.keys[j, :, : self.L][:, cols].clone(), layer.values[j, :, : self.L][:, cols].clone())
+                for layer in self.cache.layers]
+
     def forward(self, tok_b: torch.Tensor, pos_b1: torch.Tensor) -> torch.Tensor:
         """One forward of every row's last token (written at column L): the next logits (n, V)."""
         n, L = self.n, self.L

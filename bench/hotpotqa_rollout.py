@@ -1,0 +1,95 @@
+"""Episodes per minute of the HotpotQA recipe's rollout with the real model, and the share of the
+machine's peak it reaches: the in-process engine with and without the KV cache kept across turns
+(`rollout.reuse_kv_tokens`), side by side in one run.
+
+    python bench/hotpotqa_rollout.py --model runs/hotpotqa/sft/checkpoints/step_30/model --recipe-dir runs/hotpotqa
+    python bench/hotpotqa_rollout.py ... --questions 8 --group 8 --arms 0,40000 --threads 2
+
+Each arm samples the same `--questions` training questions × `--group` episodes at the recipe's
+rollout settings (examples/hotpotqa_smollm2_recipe.yaml: temperature 0.7, 2 searches, 40 tokens a
+turn, BM25 top 3 with 40-word passages), seeded per episode, with `seekrl eval`'s evaluator (the
+workflow and engine the GRPO stage uses; nothing is trained). Printed per arm: wall seconds,
+episodes per minute, sampled tokens per second, prefilled and reused tokens, and the rollout's
+useful FLOP rate (2 × parameters × (sampled + prefilled tokens)) as a fraction of this process's
+measured fp32 matmul peak (bench/mfu.py `matmul_peak`). The arms' tokens agree (the reuse is exact
+to float rounding), so their work differs only by the prefill the store saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def arm(args, reuse: int) -> dict:
+    from seekrl.build import build_eval
+    from seekrl.config import load_config
+    from seekrl.evaluate import evaluate
+
+    d = Path(args.recipe_dir)
+    cfg = load_config(str(ROOT / "examples" / "hotpotqa_smollm2_recipe.yaml"), [
+        f"model.path={args.model}", f"data.eval={d / 'data' / 'train.jsonl'}", f"data.max_eval={args.questions}",
+        f"tools.retriever={d / 'index'}", f"log.dir={args.out_dir}", f"log.name=reuse{reuse}", "log.progress=false",
+        f"rollout.reuse_kv_tokens={reuse}", "model.freeze_layers=0", "train.mixed_precision=fp32"])
+    run = build_eval(cfg)
+    try:
+        params = dataclasses.replace(run.params, temperature=cfg.rollout.temperature)
+        t0 = time.perf_counter()
+        metrics, groups = asyncio.run(evaluate(run.workflow, run.engine, run.tasks, args.group, params, run.primary_reward))
+        trajs = [t for g in groups for t in g.trajectories]
+        wall = time.perf_counter() - t0
+        stats = dict(run.engine.stats)
+    finally:
+        run.close()
+    n_params = sum(p.numel() for p in run.engine.model.parameters())
+    sampled, prefilled = stats["tokens"], stats["prefill_tokens"]
+    return {"reuse_kv_tokens": reuse, "episodes": len(trajs), "wall_s": wall, "episodes_per_min": 60 * len(trajs) / wall,
+            "sampled_tokens": sampled, "prefill_tokens": prefilled, "reused_tokens": stats.get("reused_tokens", 0),
+            "sampled_tok_per_s": sampled / wall, "flops": 2 * n_params * (sampled + prefilled), "em": metrics.get("eval/em"),
+            "tokens_digest": hash(tuple(tuple(t.completion_ids) for t in trajs))}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="the recipe's SFT checkpoint (DIR/sft/checkpoints/step_N/model)")
+    p.add_argument("--recipe-dir", required=True, help="the recipe's folder (its data/ and index/)")
+    p.add_argument("--questions", type=int, default=8)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--arms", default="0,40000", help="comma-separated rollout.reuse_kv_tokens values")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--out-dir", default="runs/bench/hotpotqa_rollout")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    import torch
+    from mfu import matmul_peak
+
+    torch.set_num_threads(args.threads)
+    peak = matmul_peak(2048, torch.float32, "cpu")
+    rows = [arm(args, int(a)) for a in args.arms.split(",")]
+    print(f"CPU, {args.threads} threads: fp32 matmul peak {peak / 1e9:.1f} GFLOP/s; {args.questions} questions x {args.group} episodes")
+    print("| rollout.reuse_kv_tokens | wall s | episodes/min | sampled tok/s | prefilled tokens | reused tokens | GFLOP/s (share of peak) | EM |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        rate = r["flops"] / r["wall_s"]
+        r["share_of_peak"] = rate / peak
+        print(f"| {r['reuse_kv_tokens']} | {r['wall_s']:.1f} | {r['episodes_per_min']:.1f} | {r['sampled_tok_per_s']:.1f} | "
+              f"{r['prefill_tokens']:,} | {r['reused_tokens']:,} | {rate / 1e9:.1f} ({100 * r['share_of_peak']:.1f}%) | {r['em']:.3f} |")
+    same = len({r["tokens_digest"] for r in rows}) == 1
+    print(f"same sampled tokens in every arm: {same}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"args": vars(args), "peak_flops": peak, "rows": rows, "same_tokens": same}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

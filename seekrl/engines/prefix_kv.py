@@ -1,0 +1,89 @@
+"""LocalEngine's KV cache across the turns of an episode (`rollout.reuse_kv_tokens`).
+
+A multi-turn episode asks the engine once per turn, each time with the whole history: the last
+prompt, the tokens it sampled, the tool's output. Without this store every turn prefills that
+history again. With it, a request that ends (stop or length) leaves the keys and values of its
+prompt and of all but its last sampled token (the last was never fed through the model) here,
+keyed by those token ids. A later request whose prompt starts with such a key takes the entry
+(each entry serves once: the next turn of the same episode) and prefills only what follows it
+(engines/sampling.py `Batch.add`); its logits equal a full prefill's to float rounding, so it
+samples the same tokens (tested against a full re-prefill).
+
+The store holds at most `max_tokens` tokens (oldest entries dropped first) and is emptied
+whenever the engine's weights change (`LocalEngine.update_weights`): keys and values computed by
+other weights are not what a prefill would give. Requests that were aborted or retracted leave
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["PrefixKV", "PrefixEntry"]
+
+
+@dataclass
+class PrefixEntry:
+    """The keys and values of `length` tokens, one `(keys, values)` pair per layer, each
+    `(kv_heads, length, head_dim)`."""
+
+    length: int
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class PrefixKV:
+    """Finished requests' keys and values, looked up by the longest stored prefix of a new prompt."""
+
+    def __init__(self, max_tokens: int):
+        if max_tokens < 1:
+            raise ValueError(f"PrefixKV needs max_tokens >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self._entries: collections.OrderedDict[tuple[int, ...], PrefixEntry] = collections.OrderedDict()
+        self._lengths: collections.Counter[int] = collections.Counter()  # stored key lengths, for the lookup
+        self.stats = {"stored": 0, "hits": 0, "misses": 0, "reused_tokens": 0, "dropped": 0}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, ids: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Keep the keys and values of `ids` (at least one token, at most max_tokens)."""
+        key = tuple(ids)
+        if not key or len(key) > self.max_tokens or key in self._entries:
+            return
+        while self.tokens + len(key) > self.max_tokens:
+            self._drop(next(iter(self._entries)))
+            self.stats["dropped"] += 1
+        self._entries[key] = PrefixEntry(len(key), layers)
+        self._lengths[len(key)] += 1
+        self.tokens += len(key)
+        self.stats["stored"] += 1
+
+    def take(self, prompt: list[int]) -> PrefixEntry | None:
+        """The entry of the longest stored key that is a proper prefix of `prompt` (removed from the
+        store), or None."""
+        for n in sorted((n for n in self._lengths if n < len(prompt)), reverse=True):
+            key = tuple(prompt[:n])
+            if key in self._entries:
+                entry = self._entries[key]
+                self._drop(key)
+                self.stats["hits"] += 1
+                self.stats["reused_tokens"] += n
+                return entry
+        self.stats["misses"] += 1
+        return None
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._lengths.clear()
+        self.tokens = 0
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        del self._entries[key]
+        self._lengths[len(key)] -= 1
+        if not self._lengths[len(key)]:
+            del self._lengths[len(key)]
+        self.tokens -= len(key)
