@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(BIN)/seekrl demo --out runs/demo
 
 # a real model: SmolLM2-135M-Instruct learns to search HotpotQA (BM25 over 14,903 paragraphs):
-# index -> split -> teacher -> eval -> SFT -> eval -> GRPO -> eval -> report, about 1.5 h on 2 cores
+# index -> split -> teacher -> eval -> SFT -> eval -> 3 x (GRPO -> eval) -> report, about 2 h on 2 cores
 # (runs/hotpotqa/results.md, runs/hotpotqa/report.html); a rerun resumes. README "A real model"
 demo-hotpotqa: $(STAMP)
 	$(BIN)/seekrl demo --recipe hotpotqa_smollm2 --out runs/hotpotqa

@@ -146,8 +146,13 @@ class Batch:
         e.stats["requests"] += len(reqs)
         if fresh:
             self._prefill(fresh)
-        if reused:
-            self._continue(reused)
+        # rows with similar rests go together: a chunk's rows re-feed at most half its longest rest
+        reused.sort(key=lambda x: len(x[1]) - x[2].length, reverse=True)
+        while reused:
+            longest = len(reused[0][1]) - reused[0][2].length
+            n = next((j for j, (_, p, entry) in enumerate(reused) if 2 * (len(p) - entry.length) < longest), len(reused))
+            self._continue(reused[:n])
+            reused = reused[n:]
         self.sampler = _RowSampler(self.params, [r.i for r in self.rows], dev)
         e.stats["max_rows"] = max(e.stats["max_rows"], self.active())
 
