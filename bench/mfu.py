@@ -102,7 +102,7 @@ def measure(name: str, args, precision: str = "fp32", frozen: int = 0, reference
     from seekrl.types import Task, Trajectory
 
     texts = ["the quick brown fox jumps over the lazy dog " * 4]
-    from seekrl.models import set_autocast
+    from seekrl.train.compute import set_autocast
 
     model, tok = load_model(name, tiny_texts=texts, tiny_hidden=256, tiny_layers=2, tiny_vocab=512, dtype=args.dtype,
                             device=args.device, freeze_layers=frozen)

@@ -35,7 +35,7 @@ from seekrl.engines.weights import write_weights
 from seekrl.errors import CheckpointError, ConfigError
 from seekrl.evaluate import EvalRun
 from seekrl.generate import GenerateRun, OpenAIChatEngine
-from seekrl.models import ModelConfig, load_policy, make_value_model, seed_everything, set_autocast
+from seekrl.models import ModelConfig, load_policy, make_value_model, seed_everything
 from seekrl.observe.config import run_dir as run_folder_of
 from seekrl.parallel.controller import FollowerRollout, LeaderRollout
 from seekrl.parallel.fsdp import is_sharded, shard_model
@@ -47,6 +47,7 @@ from seekrl.rollout.config import sampling_params
 from seekrl.rollout.executor import make_rollout
 from seekrl.train.agreement import AgreementCheck
 from seekrl.train.batching import FORWARD_METHODS
+from seekrl.train.compute import set_autocast
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
 from seekrl.train.rl import RLRun
 from seekrl.train.sft import SFTRun, load_sft_rows, tiny_texts, tokenize_examples

@@ -42,7 +42,7 @@ from seekrl.schema import Range
 __all__ = ["ModelConfig", "load_policy", "load_model", "check_model_folder", "seed_everything", "unwrap_module", "is_peft",
            "unwrap_peft", "train_tiny_tokenizer", "make_tiny_model", "save_tiny", "ensure_chat_template", "encode_chat", "ChatPrompts",
            "smollm2_gguf_path", "ValueModel", "make_value_model", "CHATML_TEMPLATE", "SMOLLM2_PACKAGE", "SMOLLM2_GGUF",
-           "HUB_ID", "freeze_lower_layers", "decoder_layers", "set_autocast", "trainer_autocast"]
+           "HUB_ID", "freeze_lower_layers", "decoder_layers"]
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -534,23 +534,6 @@ def freeze_lower_layers(model: torch.nn.Module, n: int) -> None:
     unwrap_peft(model).get_input_embeddings().requires_grad_(False)
     for layer in layers[:n]:
         layer.requires_grad_(False)
-
-
-def set_autocast(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
-    """`train.mixed_precision=bf16` in one process: the trainer runs the decoder of `model` under
-    `torch.autocast(dtype)` (`trainer_autocast`); the weights, gradients and AdamW state stay
-    float32 and the LM head's log-probs are taken in float32. None: plain float32."""
-    unwrap_peft(model).seekrl_autocast = dtype
-
-
-def trainer_autocast(model: torch.nn.Module):
-    """The autocast context `set_autocast` chose for `model` (a null context when none)."""
-    import contextlib
-
-    dtype = getattr(unwrap_peft(model), "seekrl_autocast", None)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "time/wait_s": ("rl", "seconds the trainer waited for the step's groups"),
     "time/rollout_s": ("rl", "seconds from asking for the batch to having it"),
     "time/step_s": ("rl, sft", "seconds of the whole step"),
+    "time/eval_s": ("rl", "seconds of the step's evaluation (steps with eval/* only)"),
     "tokens/sampled": ("rl", "tokens sampled by the policy in the step"),
     "epoch": ("rl, sft", "passes over the training tasks so far"),
     # the update (train/policy.py)

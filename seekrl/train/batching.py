@@ -36,8 +36,9 @@ import torch
 
 from seekrl.algo.head_logprob import head_logprob_entropy, worth_chunking
 from seekrl.algo.losses import entropy_from_logits
-from seekrl.models import trainer_autocast, unwrap_peft
+from seekrl.models import unwrap_peft
 from seekrl.train.batch import TokenBatch
+from seekrl.train.compute import trainer_autocast
 from seekrl.train.packing import PackedFull, PackedPrefix, pack_full, pack_prefix, packed_hidden, saves_rows
 
 __all__ = ["MicroBatch", "make_micro_batch", "completion_hidden", "trained_hidden", "completion_logits", "completion_logprobs",

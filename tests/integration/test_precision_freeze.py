@@ -14,9 +14,10 @@ import torch
 from seekrl.build import policy_trainer
 from seekrl.config import load_config
 from seekrl.errors import ConfigError
-from seekrl.models import decoder_layers, freeze_lower_layers, load_model, set_autocast
+from seekrl.models import decoder_layers, freeze_lower_layers, load_model
 from seekrl.observe.stats import StatsTracker
 from seekrl.train.batch import TokenBatch, pad_completion
+from seekrl.train.compute import set_autocast
 from seekrl.types import Task, Trajectory
 
 
