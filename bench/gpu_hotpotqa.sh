@@ -25,21 +25,21 @@ CFG=examples/hotpotqa_smollm2_recipe.yaml
 } 2>&1 | tee "$OUT/gpu.txt"
 
 start=$SECONDS
-timeout "${SEEKRL_GPU_RECIPE_S:-330}" python -m seekrl demo --recipe hotpotqa_smollm2 --out "$RUNS/hq" \
+timeout -k 30 "${SEEKRL_GPU_RECIPE_S:-330}" python -m seekrl demo --recipe hotpotqa_smollm2 --out "$RUNS/hq" \
   model.path="$MODEL" model.device=cuda log.progress=false > "$OUT/recipe.log" 2>&1
 echo "recipe: exit $? in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
 cat "$RUNS/hq/stage_seconds.json" 2>/dev/null | tr -d '\n ' | tee -a "$OUT/gpu.txt"; echo | tee -a "$OUT/gpu.txt"
 
-SFT="$RUNS/hq/sft/checkpoints/step_30/model"
+SFT="$(ls -d "$RUNS"/hq/sft/checkpoints/step_*/model 2>/dev/null | sort -V | tail -1)"
 paths=(data.train="$RUNS/hq/data/train.jsonl" tools.retriever="$RUNS/hq/index" log.dir="$RUNS/hq" model.device=cuda log.progress=false)
 if [ -f "$SFT/config.json" ]; then
   start=$SECONDS
   deadline=$((SECONDS + ${SEEKRL_GPU_LONG_S:-200}))
-  timeout "${SEEKRL_GPU_LONG_S:-200}" python -m seekrl train "$CFG" "${paths[@]}" model.path="$SFT" train.seed=0 \
+  timeout -k 30 "${SEEKRL_GPU_LONG_S:-200}" python -m seekrl train "$CFG" "${paths[@]}" model.path="$SFT" train.seed=0 \
     log.name=grpo_long train.steps="$LONG" data.eval="$RUNS/hq/data/curve.jsonl" eval.every=25 train.save_every=25 \
     > "$OUT/long.log" 2>&1
   left=$((deadline - SECONDS))
-  [ "$left" -gt 5 ] && timeout "$left" python -m seekrl eval "$CFG" "${paths[@]}" log.name=grpo_long_eval \
+  [ "$left" -gt 5 ] && timeout -k 30 "$left" python -m seekrl eval "$CFG" "${paths[@]}" log.name=grpo_long_eval \
     model.path="$RUNS/hq/grpo_long/checkpoints/step_$LONG/model" data.eval="$RUNS/hq/data/heldout.jsonl" >> "$OUT/long.log" 2>&1
   echo "grpo $LONG steps + eval: exit $? in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
 fi

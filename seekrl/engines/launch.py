@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["ServerCommand", "ServerGroup", "free_port", "terminate_as_exit", "seekrl_server_command", "ENGINE_TOKEN_ENV"]
+__all__ = ["ServerCommand", "ServerGroup", "free_port", "terminate_as_exit", "TERM_GRACE_S", "seekrl_server_command", "ENGINE_TOKEN_ENV"]
 
 PR_SET_PDEATHSIG = 1
 ENGINE_TOKEN_ENV = "SEEKRL_ENGINE_TOKEN"  # the bearer token `seekrl serve engine` reads (servers/engine.py)
@@ -165,20 +165,41 @@ class ServerGroup:
         atexit.unregister(self.stop)
 
 
+TERM_GRACE_S = 60.0
+
+
 @contextlib.contextmanager
-def terminate_as_exit():
-    """Within the block, SIGTERM raises SystemExit(143) (so `finally` blocks run); restored after."""
+def terminate_as_exit(grace_s: float = TERM_GRACE_S):
+    """Within the block, SIGTERM raises SystemExit(143) (so `finally` blocks run); restored after.
+
+    The exit is bounded: `asyncio.run` waits for its worker threads (a decode batch or an update
+    in `asyncio.to_thread`) before the `finally` blocks finish, and a thread stuck in a long or
+    hung kernel would hold the process for minutes. `grace_s` seconds after SIGTERM the process
+    ends with `os._exit(143)` whatever it is waiting for (engine servers still get SIGTERM from
+    their parent-death signal)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    timers: list[threading.Timer] = []
+
     def handler(signum, frame):
+        timers.append(threading.Timer(grace_s, os._exit, args=(128 + signum,)))
+        timers[-1].daemon = True
+        timers[-1].start()
         raise SystemExit(128 + signum)
 
     old = signal.signal(signal.SIGTERM, handler)
+    exiting = False
     try:
         yield
+    except SystemExit:
+        exiting = bool(timers)  # the process is ending: the timer bounds the rest of its shutdown
+        raise
     finally:
         signal.signal(signal.SIGTERM, old)
+        if not exiting:
+            for t in timers:
+                t.cancel()
