@@ -54,7 +54,7 @@ from seekrl.train.sft import SFTRun, load_sft_rows, tiny_texts, tokenize_example
 from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher, teacher_folder, teacher_plan, tokenizer_problem
 
 __all__ = ["run_folder", "sampler_settings", "build_workflow", "build_rl", "policy_trainer", "critic_trainer", "build_eval",
-           "build_curriculum", "curriculum_cache_key", "build_sft", "build_generate", "write_initial_weights", "local_engine",
+           "build_curriculum", "curriculum_cache_key", "curriculum_seed", "build_sft", "build_generate", "write_initial_weights", "local_engine",
            "check_teacher", "build_teacher", "check_chat_template", "check_agent"]
 
 
@@ -116,34 +116,39 @@ def _task_sets(cfg: Config, curriculum: bool = False) -> TaskSets:
 
 def curriculum_cache_key(cfg: Config) -> dict:
     """What a data.curriculum measurement depends on (its cache key): the starting model, the
-    training data and its prompts, data.curriculum_k, train.seed, and how it samples."""
+    training data and its prompts, data.curriculum_k, its seed, and how it samples."""
     d, r = cfg.data, cfg.rollout
     train = [dataclasses.asdict(s) for s in d.train] if isinstance(d.train, list) else d.train
     data = {"train": train, "max_train": d.max_train, "converter": d.converter, "prompt_field": d.prompt_field,
             "answer_field": d.answer_field, "template": d.template, "system_prompt": d.system_prompt,
             "user_template": d.user_template, "max_prompt_tokens": r.max_prompt_tokens}
-    return curriculum_key(model=cfg.model.path, data=data, k=d.curriculum_k, seed=cfg.train.seed, temperature=r.temperature,
+    return curriculum_key(model=cfg.model.path, data=data, k=d.curriculum_k, seed=curriculum_seed(cfg), temperature=r.temperature,
                           max_new_tokens=r.max_new_tokens)
+
+
+def curriculum_seed(cfg: Config) -> int:
+    """The pass-rate measurement's seed: data.curriculum_seed, or train.seed when it is unset."""
+    return cfg.train.seed if cfg.data.curriculum_seed is None else cfg.data.curriculum_seed
 
 
 def build_curriculum(cfg: Config) -> EvalRun:
     """What `seekrl curriculum` runs on: every data.train task (long prompts dropped as in training),
     the starting policy of model.path built as `build_rl` builds it, the training workflow and
     engine; data.curriculum_k samples per task at rollout.temperature, seeded
-    stable_seed(train.seed, "curriculum")."""
+    stable_seed(data.curriculum_seed or else train.seed, "curriculum")."""
     if not cfg.data.curriculum:
         raise ConfigError("data.curriculum is not set; name the cache file to write (e.g. data.curriculum=runs/curriculum.json)")
     rubric = _rubric(cfg)
     check_chat_template(cfg)
     check_agent(cfg)
     tasks = _task_sets(cfg)
-    seed_everything(cfg.train.seed)
+    seed_everything(curriculum_seed(cfg))
     model, tokenizer = _policy(cfg, tasks.tiny_texts)
     workflow = build_workflow(cfg, tokenizer, rubric)
     tasks.drop_long_prompts(workflow.prompt_ids, cfg.rollout.max_prompt_tokens)
     out = Path(cfg.data.curriculum).resolve().parent
     engine = _engine(cfg, model, tokenizer, out)
-    params = sampling_params(cfg.rollout, seed=stable_seed(cfg.train.seed, "curriculum"))
+    params = sampling_params(cfg.rollout, seed=stable_seed(curriculum_seed(cfg), "curriculum"))
     return EvalRun(run_dir=out, tasks=tasks.train, workflow=workflow, engine=engine, tokenizer=tokenizer, n=cfg.data.curriculum_k,
                    params=params, primary_reward=rubric.names[0], progress=cfg.log.progress)
 

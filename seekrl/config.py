@@ -91,6 +91,8 @@ class DemoConfig:
     """`seekrl demo --recipe hotpotqa_smollm2`: the first GRPO seed evaluates the first `curve_questions` check questions at step 0, every N steps and at its last step (the learning curve against steps and minutes); 0: no curve."""
     curve_questions: Annotated[int, Range(ge=1)] = 100
     """`seekrl demo --recipe hotpotqa_smollm2`: check questions of the learning curve (the first N of the check split)."""
+    curriculum_questions: Annotated[int, Range(ge=0, text=">= 0 (0: GRPO on every training question)")] = 0
+    """`seekrl demo --recipe hotpotqa_smollm2`: before GRPO, the SFT model's pass rate on the first N training questions (data.curriculum_k samples each, seed 0, cached in DIR/curriculum.json); every GRPO seed trains only on those it solves sometimes but not always. 0: no curriculum."""
 
 
 @dataclass

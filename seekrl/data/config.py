@@ -64,6 +64,8 @@ class DataConfig:
     """A curriculum cache (JSON) written by `seekrl curriculum CONFIG`: RL trains only on the data.train questions that model.path solved in some but not all of curriculum_k samples (0 < pass rate < 1); a missing file or one measured for another model, data, k, seed, temperature or token budget stops the run before the model loads."""
     curriculum_k: Annotated[int, Range(ge=2)] = 8
     """data.curriculum: samples per training question when the pass rate is measured (at rollout.temperature)."""
+    curriculum_seed: int | None = None
+    """data.curriculum: the seed of the pass-rate measurement (null: train.seed); a fixed value lets runs with different train.seed train on one measured curriculum."""
 
     def check(self) -> None:
         """data.train / data.eval: every comma-separated source's trailing [start:stop] holds integers

@@ -6,7 +6,7 @@ starting model solves sometimes but not always.
 
 `seekrl curriculum` (jobs.curriculum) runs the evaluator of `seekrl eval` (evaluate.pass_counts)
 over `data.train` with the training workflow, `model.path` (the starting, e.g. SFT, policy),
-`data.curriculum_k` samples per task at `rollout.temperature`, seeded `stable_seed(train.seed,
+`data.curriculum_k` samples per task at `rollout.temperature`, seeded `stable_seed(data.curriculum_seed or train.seed,
 "curriculum")`, and writes one JSON file:
 
     {"version": 1, "key": {"model", "data", "k", "seed", "temperature", "max_new_tokens"},

@@ -5,9 +5,13 @@ prompt, the tokens it sampled, the tool's output. Without this store every turn 
 history again. With it, a request that ends (stop or length) leaves the keys and values of its
 prompt and of all but its last sampled token (the last was never fed through the model) here,
 keyed by those token ids. A later request whose prompt starts with such a key takes the entry
-(each entry serves once: the next turn of the same episode) and prefills only what follows it
-(engines/sampling.py `Batch.add`); its logits equal a full prefill's to float rounding, so it
-samples the same tokens (tested against a full re-prefill).
+and prefills only what follows it (engines/sampling.py `Batch.add`); its logits equal a full
+prefill's to float rounding, so it samples the same tokens (tested against a full re-prefill).
+
+Each entry serves as many later requests as finished requests left it: the samples of a group
+often sample the same turn (a low-entropy policy writes the same query), and each of their next
+turns reuses the one stored copy (one copy of the keys and values, counted once against the
+budget). Requests with the same prompt that join a batch together feed their new tokens once.
 
 The store holds at most `max_tokens` tokens (oldest entries dropped first) and is emptied
 whenever the engine's weights change (`LocalEngine.update_weights`): keys and values computed by
@@ -32,6 +36,7 @@ class PrefixEntry:
 
     length: int
     layers: list[tuple[torch.Tensor, torch.Tensor]]
+    uses: int = 1  # finished requests that left these tokens: later requests it can still serve
 
 
 class PrefixKV:
@@ -49,11 +54,18 @@ class PrefixKV:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, ids: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Keep the keys and values of `ids` (at least one token, at most max_tokens)."""
+    def put(self, ids: list[int], layers) -> None:
+        """Keep the keys and values of `ids` (at least one token, at most max_tokens); `layers` is
+        the `(keys, values)` pairs or a function that returns them (called only for a new key).
+        The same ids again add one use to the stored entry."""
         key = tuple(ids)
-        if not key or len(key) > self.max_tokens or key in self._entries:
+        if not key or len(key) > self.max_tokens:
             return
+        if key in self._entries:
+            self._entries[key].uses += 1
+            self.stats["stored"] += 1
+            return
+        layers = layers() if callable(layers) else layers
         while self.tokens + len(key) > self.max_tokens:
             self._drop(next(iter(self._entries)))
             self.stats["dropped"] += 1
@@ -62,18 +74,21 @@ class PrefixKV:
         self.tokens += len(key)
         self.stats["stored"] += 1
 
-    def take(self, prompt: list[int]) -> PrefixEntry | None:
-        """The entry of the longest stored key that is a proper prefix of `prompt` (removed from the
-        store), or None."""
+    def take(self, prompt: list[int], requests: int = 1) -> PrefixEntry | None:
+        """The entry of the longest stored key that is a proper prefix of `prompt`, for `requests`
+        requests with that prompt (their uses are spent; an entry with none left is removed), or
+        None."""
         for n in sorted((n for n in self._lengths if n < len(prompt)), reverse=True):
             key = tuple(prompt[:n])
             if key in self._entries:
                 entry = self._entries[key]
-                self._drop(key)
-                self.stats["hits"] += 1
-                self.stats["reused_tokens"] += n
+                entry.uses -= requests
+                if entry.uses <= 0:
+                    self._drop(key)
+                self.stats["hits"] += requests
+                self.stats["reused_tokens"] += n * requests
                 return entry
-        self.stats["misses"] += 1
+        self.stats["misses"] += requests
         return None
 
     def clear(self) -> None:

@@ -119,7 +119,7 @@ class Batch:
             return
         e, dev = self.e, self.dev
         fresh: list[tuple[_Row, list[int]]] = []
-        reused: list[tuple[_Row, list[int], PrefixEntry]] = []
+        same: dict[tuple[int, ...], list[tuple[_Row, list[int]]]] = {}  # rows by prompt
         for r in reqs:
             prompt, p = r.remaining()
             i = len(self.params)
@@ -137,12 +137,17 @@ class Batch:
                         torch.rand((), generator=g, dtype=torch.float64, device=dev)
                 self.gens[i] = g
             row.fwd = version
-            entry = e.prefix_kv.take(prompt) if e.prefix_kv is not None else None
+            same.setdefault(tuple(prompt), []).append((row, prompt))
+        # rows with the same prompt take a stored prefix together and feed their new tokens once
+        reused: list[tuple[list[_Row], list[int], PrefixEntry]] = []
+        for group in same.values():
+            prompt = group[0][1]
+            entry = e.prefix_kv.take(prompt, len(group)) if e.prefix_kv is not None else None
             if entry is not None:
-                reused.append((row, prompt, entry))
+                reused.append(([row for row, _ in group], prompt, entry))
             else:
-                fresh.append((row, prompt))
-        self.all_rows.extend(row for row, *_ in (*fresh, *reused))
+                fresh.extend(group)
+        self.all_rows.extend([row for row, _ in fresh] + [row for rows, _, _ in reused for row in rows])
         e.stats["requests"] += len(reqs)
         if fresh:
             self._prefill(fresh)
@@ -184,16 +189,17 @@ class Batch:
         self._merge(cache, mask_nL, pos_n1, logits_nV)
         self.rows.extend(row for row, _ in fresh)
 
-    def _continue(self, reused: list[tuple[_Row, list[int], PrefixEntry]]) -> None:
-        """Rows whose prompt starts with a stored prefix (engines/prefix_kv.py): the stored keys and
-        values, then a forward of only the rest. All rows feed the same S tokens, S the longest
-        rest; a row with a shorter rest feeds the last stored tokens again, so no padding sits
+    def _continue(self, reused: list[tuple[list[_Row], list[int], PrefixEntry]]) -> None:
+        """Rows whose prompt starts with a stored prefix (engines/prefix_kv.py), the rows that share
+        a prompt together: the stored keys and values, then a forward of only the rest, once per
+        prompt, its cache expanded to the rows that share it. All prompts feed the same S tokens, S
+        the longest rest; a shorter rest feeds the last stored tokens again, so no padding sits
         between the stored part (left-padded to a common length) and the new tokens."""
         e, dev = self.e, self.dev
         S = max(len(p) - entry.length for _, p, entry in reused)
-        kept = [len(p) - S for _, p, _ in reused]  # stored tokens each row keeps (the rest it feeds again)
+        kept = [len(p) - S for _, p, _ in reused]  # stored tokens each prompt keeps (the rest it feeds again)
         if min(kept) < 0:  # a prompt shorter than the longest rest: prefill it whole
-            self._prefill([(row, p) for (row, p, _), k in zip(reused, kept) if k < 0])
+            self._prefill([(row, p) for (rows, p, _), k in zip(reused, kept) if k < 0 for row in rows])
             reused = [x for x, k in zip(reused, kept) if k >= 0]
             if not reused:
                 return
@@ -210,16 +216,22 @@ class Batch:
                 values = torch.stack([pad(entry.layers[li][1][:, :k], (0, 0, C - k, 0)) for (_, _, entry), k in zip(reused, kept)])
                 cache.update(keys.to(dev), values.to(dev), li)
         input_ids = torch.tensor([p[k:] for (_, p, _), k in zip(reused, kept)], dtype=torch.long, device=dev)
-        mask_nL = torch.tensor([[0] * (C - k) + [1] * (k + S) for k in kept], dtype=torch.long, device=dev)
-        pos_nS = torch.tensor(kept, dtype=torch.long, device=dev)[:, None] + torch.arange(S, device=dev)[None]
-        out = e.model(input_ids=input_ids, attention_mask=mask_nL, position_ids=pos_nS, past_key_values=cache, use_cache=True,
+        mask_uL = torch.tensor([[0] * (C - k) + [1] * (k + S) for k in kept], dtype=torch.long, device=dev)
+        pos_uS = torch.tensor(kept, dtype=torch.long, device=dev)[:, None] + torch.arange(S, device=dev)[None]
+        out = e.model(input_ids=input_ids, attention_mask=mask_uL, position_ids=pos_uS, past_key_values=cache, use_cache=True,
                       logits_to_keep=1)
         e.stats["forward_steps"] += 1
         e.stats["prefill_tokens"] += S * len(reused)
-        e.stats["reused_tokens"] = e.stats.get("reused_tokens", 0) + sum(kept)
-        pos_n1 = torch.tensor([len(p) for _, p, _ in reused], dtype=torch.long, device=dev)[:, None]
-        self._merge(out.past_key_values, mask_nL, pos_n1, out.logits[:, -1, :])
-        self.rows.extend(row for row, _, _ in reused)
+        e.stats["reused_tokens"] = e.stats.get("reused_tokens", 0) + sum(k * len(rows) for (rows, _, _), k in zip(reused, kept))
+        cache, logits_nV, mask_nL = out.past_key_values, out.logits[:, -1, :], mask_uL
+        row_u = [u for u, (rows, _, _) in enumerate(reused) for _ in rows]
+        if len(row_u) > len(reused):
+            row_u_t = torch.tensor(row_u, dtype=torch.long, device=dev)
+            cache.reorder_cache(row_u_t)
+            logits_nV, mask_nL = logits_nV[row_u_t], mask_nL[row_u_t]
+        pos_n1 = torch.tensor([len(reused[u][1]) for u in row_u], dtype=torch.long, device=dev)[:, None]
+        self._merge(cache, mask_nL, pos_n1, logits_nV)
+        self.rows.extend(row for rows, _, _ in reused for row in rows)
 
     def _merge(self, cache, mask_nL, pos_n1, logits_nV) -> None:
         if self.kv is None:
@@ -269,7 +281,7 @@ class Batch:
             if row.reason is not None:
                 if e.prefix_kv is not None and row.reason in ("stop", "length") and len(row.tokens) > 1:
                     # its prompt and all but its last token went through the model: kept for its next turn
-                    e.prefix_kv.put(row.prompt + row.tokens[:-1], self.kv.row(j))
+                    e.prefix_kv.put(row.prompt + row.tokens[:-1], lambda j=j: self.kv.row(j))
                 self.done += 1
                 e.stats["tokens"] += len(row.tokens)
                 e.stats["aborted"] += row.reason == "abort"

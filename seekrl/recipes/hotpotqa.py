@@ -20,6 +20,10 @@ by hand); a rerun with the same folder skips every stage whose output is complet
 4. base    the untrained model on the first held-out questions   (seekrl eval)
 5. sft     the warm start on the teacher's episodes, tool output masked  (seekrl sft)
 6. eval    the SFT model on the held-out questions               (seekrl eval)
+6b. curriculum (with `demo.curriculum_questions` N > 0) the SFT model's pass rate on the first N
+           training questions, `data.curriculum_k` samples each at the GRPO temperature, seed 0
+           (DIR/curriculum.json); every GRPO seed trains only on the questions solved in some but
+           not all samples, where a group's rewards are likely to differ (seekrl curriculum)
 7. grpo    GRPO with search from the SFT checkpoint              (seekrl train)
 8. eval    the GRPO model on the held-out questions, then on the check questions (seekrl eval)
 9. report  DIR/results.json, DIR/results.md (EM, F1, searches per question, well-formed episodes,
@@ -47,7 +51,7 @@ from rich.console import Console
 
 from seekrl.config import load_config
 
-__all__ = ["run", "hotpotqa_split", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "learning_curve",
+__all__ = ["run", "hotpotqa_split", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "learning_curve",
            "check_from_curve", "DEFAULT_CONFIG", "SPLIT_KEY"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
@@ -78,6 +82,19 @@ def supported_episode(row: dict) -> bool:
     if any(v for k, v in parts.items() if k.split("/")[-1] == "retrieved_gold"):
         return True
     return any(normalize_answer(g) in ("yes", "no") for g in gold_list(row.get("answer")))
+
+
+def curriculum_counts(path: Path) -> dict:
+    """A data.curriculum cache's counts: questions measured, k, those kept (0 < correct < n), those
+    some sample solved and those every sample solved."""
+    from seekrl.data.curriculum import informative_counts
+
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    tasks = doc["tasks"]
+    kept = sum(informative_counts(t["n"], t["correct"]) for t in tasks)
+    solved = sum(t["correct"] > 0 for t in tasks)
+    return {"measured": len(tasks), "k": int(doc["key"]["k"]), "kept": int(kept), "solved_by_some_sample": solved,
+            "solved_by_all": sum(t["n"] > 0 and t["correct"] == t["n"] for t in tasks)}
 
 
 def paired_bootstrap(before: list[float], after: list[float], n: int = 10_000, seed: int = 0) -> dict:
@@ -211,6 +228,11 @@ def _results_markdown(res: dict) -> str:
     lines += [f"| total | {sum(res['stage_seconds'].values()):.0f} |", ""]
     lines += ["Training time across resumes (sum of step times): "
               + ", ".join(f"{k} {v:.0f} s" for k, v in res["train_seconds"].items()), ""]
+    c = res.get("curriculum")
+    if c:
+        lines.append(f"Curriculum: of the first {c['measured']} training questions, the SFT model solved {c['kept']} in some but not all "
+                     f"of {c['k']} samples (GRPO trains on these), {c['solved_by_all']} in all, "
+                     f"{c['measured'] - c['solved_by_some_sample']} in none.")
     t = res.get("teacher")
     if t:
         lines.append(f"Teacher: {t['kept']} SFT episodes kept of {t['episodes']} played ({t['gold']} with the gold answer, "
@@ -306,11 +328,26 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         timed("sft", jobs.sft, load_config(config, sft_over))
     evals["sft"] = evaluate("sft", str(sft_model), "heldout")
 
+    curriculum_over, curriculum = [], None  # every GRPO seed trains on the questions of one measured curriculum
+    if d.curriculum_questions > 0:
+        cache = out_dir / "curriculum.json"
+        curriculum_over = [f"data.max_train={d.curriculum_questions}", f"data.curriculum={cache}", "data.curriculum_seed=0"]
+        cur_over = [*paths, *overrides, f"model.path={sft_model}", *curriculum_over, "data.eval=null", "log.name=curriculum"]
+        stage("6b. curriculum", cmd("curriculum", config, *cur_over))
+        if cache.is_file():  # measured before: its key is checked (another model or setting measures again)
+            jobs.curriculum(load_config(config, cur_over))
+        else:
+            timed("curriculum", jobs.curriculum, load_config(config, cur_over))
+        curriculum = curriculum_counts(cache)
+        console.print(f"curriculum: {curriculum['kept']} of {curriculum['measured']} training questions solved in some but not all "
+                      f"of {curriculum['k']} samples")
+
     runs = {}  # GRPO run name -> its seed: one run per demo.grpo_seeds, all from the SFT checkpoint
     for i, seed in enumerate(d.grpo_seeds):
         name = "grpo" if i == 0 else f"grpo_s{seed}"
         curve = i == 0 and d.check_every > 0  # the first seed's learning curve on the check questions
         rl_over = [*paths, *overrides, f"model.path={sft_model}", f"train.seed={seed}", f"log.name={name}", "train.resume=auto",
+                   *curriculum_over,
                    *([f"data.eval={files['curve']}", f"eval.every={d.check_every}"] if curve else ["data.eval=null"])]
         rl_cfg = load_config(config, rl_over)
         rl_model = out_dir / name / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"
@@ -339,7 +376,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     gains = {name: {"seed": seed, **paired_bootstrap([scores["sft"][i] for i in ids], [scores[name][i] for i in ids])}
              for name, seed in runs.items()}
     res = {"recipe": "hotpotqa_smollm2", "config": config, "overrides": overrides, "table": table, "evals": evals,
-           "teacher": teacher, "split": counts, "stage_seconds": timings,
+           "teacher": teacher, "curriculum": curriculum, "split": counts, "stage_seconds": timings,
            "train_seconds": {name: _train_seconds(out_dir / name) for name in ("sft", *runs)},
            "grpo_gain": gains[first], "grpo_gains": gains,
            "grpo_gain_mean": sum(g["mean"] for g in gains.values()) / len(gains),

@@ -3,7 +3,8 @@
 A tiny model trained briefly on tiny:copy (the "SFT" starting point) answers one-token copies
 sometimes: with rollout.max_new_tokens=1 some questions are solved in some but not all of 8
 samples. The curriculum job measures that with `seekrl eval`'s evaluator, caches it, reuses the
-cache, measures the same again from the same seed, and the RL run trains only on those tasks."""
+cache, measures the same again from the same seed, and the RL run trains only on those tasks
+(also under another train.seed, with data.curriculum_seed naming the measurement's)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,11 @@ def test_curriculum_measures_caches_and_filters_training(tmp_path, monkeypatch):
 
     with pytest.raises(DataError, match="data.curriculum_k|k: 8 -> 4"):  # measured for another k: stops, names the command
         jobs.train(cfg("log.name=rl2", "data.curriculum_k=4", "train.steps=1"))
+
+    # a run with another train.seed checks the measurement's seed: data.curriculum_seed names it
+    with pytest.raises(DataError, match="seed"):
+        jobs.train(cfg("log.name=rl3", "train.seed=1", "train.steps=1"))
+    run = jobs.train(cfg("log.name=rl4", "train.seed=1", "data.curriculum_seed=0", "train.steps=1", "log.samples_every=1",
+                         "train.save_every=0"))
+    rows = [json.loads(line) for line in (run / "trajectories" / "step_1.jsonl").read_text().splitlines()]
+    assert rows and {r["task_id"] for r in rows} <= kept

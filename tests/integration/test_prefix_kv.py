@@ -16,15 +16,20 @@ from seekrl.engines.prefix_kv import PrefixKV
 from seekrl.types import SamplingParams
 
 
-def _episodes(engine, prompts, turns=3, seed=0):
-    """Each episode: sample, append the sampled ids and a fixed 'tool output', ask again."""
+def _episodes(engine, prompts, turns=3, seed=0, greedy_turns=0, same_obs=False):
+    """Each episode: sample, append the sampled ids and a fixed 'tool output', ask again (its first
+    `greedy_turns` turns greedy, with the same budget and tool output in every episode if `same_obs`)."""
     rng = random.Random(seed)
     obs = [[rng.randrange(5, 100) for _ in range(3 + 4 * i)] for i in range(len(prompts))]
+    if same_obs:
+        obs = [obs[0]] * len(prompts)
 
     async def one(i, prompt):
         out, ids = [], list(prompt)
         for t in range(turns):
-            p = SamplingParams(max_new_tokens=6 + 3 * ((i + t) % 3), temperature=1.0, seed=1000 * i + t)
+            greedy = t < greedy_turns
+            p = SamplingParams(max_new_tokens=8 if greedy else 6 + 3 * ((i + t) % 3), temperature=0.0 if greedy else 1.0,
+                               seed=None if greedy else 1000 * i + t)
             c = await engine.generate(ids, p)
             out.append((c.token_ids, c.logprobs))
             ids = ids + c.token_ids + obs[i][: 2 + t]
@@ -55,6 +60,27 @@ def test_reused_kv_samples_what_a_full_reprefill_samples(sharp_tiny, tiny_tokeni
     reuse.close()
 
 
+def test_a_group_that_samples_the_same_turn_feeds_its_new_tokens_once(sharp_tiny, tiny_tokenizer):
+    """The samples of a group that write the same first turn (greedy here) ask for the same second
+    prompt: with the store on they take one stored prefix and feed the tool output once, and still
+    sample what a full re-prefill samples; the store on prefills fewer tokens than off."""
+    model = sharp_tiny(5)
+    prompts = [[11, 12, 13, 14, 15, 16]] * 4 + [[21, 22, 23]] * 3
+    full = LocalEngine(model, tiny_tokenizer, seed=0)
+    reuse = LocalEngine(model, tiny_tokenizer, seed=0, reuse_kv_tokens=100_000)
+    a = _episodes(full, prompts, greedy_turns=2, same_obs=True)
+    b = _episodes(reuse, prompts, greedy_turns=2, same_obs=True)
+    assert [t for t, _ in a[0][:2]] == [t for t, _ in a[3][:2]]  # the group's first two turns are the same
+    for ea, eb in zip(a, b):
+        for (ta, la), (tb, lb) in zip(ea, eb):
+            assert ta == tb
+            torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), atol=1e-5, rtol=0)
+    assert reuse.prefix_kv.stats["hits"] == 2 * len(prompts)  # every later turn reused its prefix
+    assert reuse.stats["prefill_tokens"] < full.stats["prefill_tokens"]
+    full.close()
+    reuse.close()
+
+
 def test_weight_update_empties_the_store_and_the_budget_holds(sharp_tiny, tiny_tokenizer):
     model = sharp_tiny(6)
     engine = LocalEngine(model, tiny_tokenizer, seed=0, reuse_kv_tokens=100_000)
@@ -80,3 +106,11 @@ def test_weight_update_empties_the_store_and_the_budget_holds(sharp_tiny, tiny_t
     assert e is not None and e.length == 4 and store.take([5, 6, 7, 8, 1]) is None  # served once
     store.put(list(range(11)), kv)  # longer than the whole budget: not kept
     assert len(store) == 1 and store.tokens == 4
+    store.put([1, 1], lambda: kv)
+    store.put([1, 1], lambda: pytest.fail("a stored key's keys and values are not copied again"))
+    assert len(store) == 2 and store.tokens == 6  # one copy, counted once
+    first, second = store.take([1, 1, 2]), store.take([1, 1, 3])  # two requests, each at its own time
+    assert first is second is not None and store.take([1, 1, 4]) is None and store.tokens == 4
+    store.put([2, 2], kv)
+    store.put([2, 2], kv)
+    assert store.take([2, 2, 5], requests=2) is not None and store.take([2, 2, 5]) is None

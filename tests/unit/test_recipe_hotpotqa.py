@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 
@@ -144,3 +145,12 @@ def test_well_formed_needs_an_answer_and_no_invalid_turn():
     assert score_trajectory(traj("max_turns", 0), "qa_em")["well_formed"] == 0.0
     m = summarize([TrajectoryGroup(task, [traj("answered", 0)]), TrajectoryGroup(task, [traj("length", 0)])], "qa_em")
     assert m["eval/well_formed"] == 0.5
+
+
+def test_curriculum_counts(tmp_path):
+    from seekrl.recipes.hotpotqa import curriculum_counts
+
+    path = tmp_path / "curriculum.json"
+    tasks = [{"source": "train", "id": str(i), "n": 8, "correct": c} for i, c in enumerate([0, 0, 3, 8, 1, 7, 0])]
+    path.write_text(json.dumps({"version": 1, "key": {"k": 8}, "tasks": tasks}))
+    assert curriculum_counts(path) == {"measured": 7, "k": 8, "kept": 3, "solved_by_some_sample": 4, "solved_by_all": 1}
