@@ -54,8 +54,8 @@ from seekrl.train.sft import SFTRun, load_sft_rows, tiny_texts, tokenize_example
 from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher, teacher_folder, teacher_plan, tokenizer_problem
 
 __all__ = ["run_folder", "sampler_settings", "build_workflow", "build_rl", "policy_trainer", "critic_trainer", "build_eval",
-           "build_curriculum", "curriculum_cache_key", "curriculum_seed", "build_sft", "build_generate", "write_initial_weights", "local_engine",
-           "check_teacher", "build_teacher", "check_chat_template", "check_agent"]
+           "build_curriculum", "curriculum_cache_key", "curriculum_seed", "eval_in_flight", "build_sft", "build_generate",
+           "write_initial_weights", "local_engine", "check_teacher", "build_teacher", "check_chat_template", "check_agent"]
 
 
 def run_folder(cfg: Config, write: bool = True) -> Path:
@@ -126,6 +126,15 @@ def curriculum_cache_key(cfg: Config) -> dict:
                           max_new_tokens=r.max_new_tokens)
 
 
+def eval_in_flight(cfg: Config) -> int | None:
+    """Episodes an eval or curriculum measurement runs at once: with the in-process engine keeping
+    KV across turns, one engine batch (rollout.engine_batch_size), so an episode's next turn finds
+    its stored prefix (with every task at once the store overflows and later turns are prefilled
+    whole: BENCHMARKS.md); otherwise every task at once (engine servers queue and batch them)."""
+    r = cfg.rollout
+    return r.engine_batch_size if cfg.engine.kind == "local" and r.reuse_kv_tokens > 0 else None
+
+
 def curriculum_seed(cfg: Config) -> int:
     """The pass-rate measurement's seed: data.curriculum_seed, or train.seed when it is unset."""
     return cfg.train.seed if cfg.data.curriculum_seed is None else cfg.data.curriculum_seed
@@ -135,7 +144,7 @@ def build_curriculum(cfg: Config) -> EvalRun:
     """What `seekrl curriculum` runs on: every data.train task (long prompts dropped as in training),
     the starting policy of model.path built as `build_rl` builds it, the training workflow and
     engine; data.curriculum_k samples per task at rollout.temperature, seeded
-    stable_seed(data.curriculum_seed or else train.seed, "curriculum")."""
+    stable_seed(curriculum_seed(cfg), "curriculum"): data.curriculum_seed, else train.seed."""
     if not cfg.data.curriculum:
         raise ConfigError("data.curriculum is not set; name the cache file to write (e.g. data.curriculum=runs/curriculum.json)")
     rubric = _rubric(cfg)
@@ -150,7 +159,7 @@ def build_curriculum(cfg: Config) -> EvalRun:
     engine = _engine(cfg, model, tokenizer, out)
     params = sampling_params(cfg.rollout, seed=stable_seed(curriculum_seed(cfg), "curriculum"))
     return EvalRun(run_dir=out, tasks=tasks.train, workflow=workflow, engine=engine, tokenizer=tokenizer, n=cfg.data.curriculum_k,
-                   params=params, primary_reward=rubric.names[0], progress=cfg.log.progress)
+                   params=params, primary_reward=rubric.names[0], progress=cfg.log.progress, max_in_flight=eval_in_flight(cfg))
 
 
 def _policy(cfg: Config, texts: list[str] | None, model: ModelConfig | None = None):
@@ -391,7 +400,8 @@ def build_eval(cfg: Config) -> EvalRun:
         raise ConfigError(f"every data.eval prompt is longer than rollout.max_prompt_tokens={cfg.rollout.max_prompt_tokens}; raise it")
     engine = _engine(cfg, model, tokenizer, out)
     return EvalRun(run_dir=out, tasks=tasks, workflow=workflow, engine=engine, tokenizer=tokenizer, n=cfg.eval.n,
-                   params=_eval_params(cfg), primary_reward=rubric.names[0], progress=cfg.log.progress)
+                   params=_eval_params(cfg), primary_reward=rubric.names[0], progress=cfg.log.progress,
+                   max_in_flight=eval_in_flight(cfg))
 
 
 def build_sft(cfg: Config) -> SFTRun:

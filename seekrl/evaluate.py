@@ -223,13 +223,13 @@ def write_eval(metrics: dict[str, float], folder: str | Path, prefix: str = "eva
 
 
 async def evaluate(workflow: Workflow, engine: InferenceEngine, tasks: list[Task], n: int, params: SamplingParams, primary: str,
-                   progress: bool = False) -> tuple[dict, list[TrajectoryGroup]]:
+                   progress: bool = False, max_in_flight: int | None = None) -> tuple[dict, list[TrajectoryGroup]]:
     """Run `n` samples per task with the training workflow; return (`summarize`'s metrics, the groups,
     each trajectory's `score_trajectory` added to its metrics as `score/<name>`)."""
     from tqdm import tqdm
 
     with tqdm(total=len(tasks), desc="eval", unit="task", disable=not progress) as bar:
-        groups = await collect(workflow, engine, tasks, n, params, progress=bar)
+        groups = await collect(workflow, engine, tasks, n, params, progress=bar, max_in_flight=max_in_flight)
     # An infrastructure failure (engine, tool server, judge) says nothing of the model: left out of
     # the scores (not counted wrong), counted by status.
     kept = [TrajectoryGroup(g.task, [t for t in g.trajectories if t.status == "ok"]) for g in groups]
@@ -267,6 +267,7 @@ class EvalRun:
     params: SamplingParams  # eval.temperature, seeded by stable_seed(train.seed, "eval")
     primary_reward: str
     progress: bool
+    max_in_flight: int | None = None  # episodes at once (build.eval_in_flight); None: every task at once
 
     def close(self) -> None:
         self.workflow.close()
@@ -283,7 +284,7 @@ def run(ev: EvalRun) -> dict[str, float]:
     from seekrl.observe.samples import write_trajectories
 
     metrics, groups = asyncio.run(evaluate(ev.workflow, ev.engine, ev.tasks, ev.n, ev.params, ev.primary_reward,
-                                           progress=ev.progress))
+                                           progress=ev.progress, max_in_flight=ev.max_in_flight))
     json_path, md_path = write_eval(metrics, ev.run_dir)
     samples = ev.run_dir / "trajectories.jsonl"
     write_trajectories(samples, groups, ev.tokenizer)

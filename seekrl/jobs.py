@@ -78,7 +78,8 @@ def curriculum(cfg: Config) -> Path:
         run = build_curriculum(cfg)  # data.curriculum unset: a ConfigError
         try:
             _, groups = asyncio.run(evaluation.evaluate(run.workflow, run.engine, run.tasks, run.n, run.params,
-                                                        run.primary_reward, progress=run.progress))
+                                                        run.primary_reward, progress=run.progress,
+                                                        max_in_flight=run.max_in_flight))
         finally:
             run.close()
     counts = evaluation.pass_counts(groups)

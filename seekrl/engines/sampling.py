@@ -180,13 +180,7 @@ class Batch:
                       past_key_values=cache, use_cache=True, logits_to_keep=1)
         e.stats["forward_steps"] += 1
         e.stats["prefill_tokens"] += sum(ulens)
-        logits_nV, mask_nL = out.logits[:, -1, :], mask_uL
-        if len(uniq) < len(prompts):
-            row_u_t = torch.tensor(row_u, dtype=torch.long, device=dev)
-            cache.reorder_cache(row_u_t)
-            logits_nV, mask_nL = logits_nV[row_u_t], mask_nL[row_u_t]
-        pos_n1 = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)[:, None]
-        self._merge(cache, mask_nL, pos_n1, logits_nV)
+        self._merge_rows(cache, out.logits[:, -1, :], mask_uL, row_u, [len(p) for p in prompts])
         self.rows.extend(row for row, _ in fresh)
 
     def _continue(self, reused: list[tuple[list[_Row], list[int], PrefixEntry]]) -> None:
@@ -223,15 +217,19 @@ class Batch:
         e.stats["forward_steps"] += 1
         e.stats["prefill_tokens"] += S * len(reused)
         e.stats["reused_tokens"] = e.stats.get("reused_tokens", 0) + sum(k * len(rows) for (rows, _, _), k in zip(reused, kept))
-        cache, logits_nV, mask_nL = out.past_key_values, out.logits[:, -1, :], mask_uL
         row_u = [u for u, (rows, _, _) in enumerate(reused) for _ in rows]
-        if len(row_u) > len(reused):
+        self._merge_rows(out.past_key_values, out.logits[:, -1, :], mask_uL, row_u, [len(reused[u][1]) for u in row_u])
+        self.rows.extend(row for rows, _, _ in reused for row in rows)
+
+    def _merge_rows(self, cache, logits_uV, mask_uL, row_u: list[int], lens: list[int]) -> None:
+        """Merge a forward over distinct prompts in: row j of the new rows is distinct prompt
+        row_u[j] (the cache, logits and mask expanded where prompts are shared), next position lens[j]."""
+        dev = self.dev
+        if len(row_u) > len(mask_uL):
             row_u_t = torch.tensor(row_u, dtype=torch.long, device=dev)
             cache.reorder_cache(row_u_t)
-            logits_nV, mask_nL = logits_nV[row_u_t], mask_nL[row_u_t]
-        pos_n1 = torch.tensor([len(reused[u][1]) for u in row_u], dtype=torch.long, device=dev)[:, None]
-        self._merge(cache, mask_nL, pos_n1, logits_nV)
-        self.rows.extend(row for rows, _, _ in reused for row in rows)
+            logits_uV, mask_uL = logits_uV[row_u_t], mask_uL[row_u_t]
+        self._merge(cache, mask_uL, torch.tensor(lens, dtype=torch.long, device=dev)[:, None], logits_uV)
 
     def _merge(self, cache, mask_nL, pos_n1, logits_nV) -> None:
         if self.kv is None:

@@ -15,6 +15,7 @@ on the order they finish in. The trainer sets `stable_seed(train.seed, "rollout"
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 
@@ -46,11 +47,14 @@ def turn_seed(seed: int | None, turn: int) -> int | None:
 
 
 async def collect(workflow: Workflow, engine: InferenceEngine, tasks: list[Task], n: int, params: SamplingParams | None = None,
-                  progress=None) -> list[TrajectoryGroup]:
-    """`progress`: a tqdm-like bar, advanced by one as each task's group finishes."""
+                  progress=None, max_in_flight: int | None = None) -> list[TrajectoryGroup]:
+    """`progress`: a tqdm-like bar, advanced by one as each task's group finishes. `max_in_flight`:
+    at most this many episodes run at once (whole groups, at least one); None: every task at once."""
+    gate = asyncio.Semaphore(max(1, max_in_flight // n)) if max_in_flight else contextlib.nullcontext()
 
     async def one(task: Task) -> TrajectoryGroup:
-        group = await workflow.run(task, engine, n, params)
+        async with gate:
+            group = await workflow.run(task, engine, n, params)
         if progress is not None:
             progress.update(1)
         return group
