@@ -93,7 +93,7 @@ class GenerateConfig:
     teacher_give_up: Annotated[float, _PROBABILITY] = 0.5
     """Scripted teacher: probability of guessing after a missed search instead of searching again."""
     teacher_quote: bool = False
-    """Scripted teacher: after a paragraph it needs comes back, first quote the sentence stating the fact in `<think>`."""
+    """Scripted teacher: after a paragraph it needs comes back, first quote the sentence stating the fact in `<think>` (a real dataset's task: the gold paragraphs' sentences that name the answer or the other gold title, or that its supporting facts mark)."""
     teacher_first_query: Literal["title", "question"] = "title"
     """Scripted teacher: its first search: title (the first gold paragraph's title) or question (the question itself; then the titles still missing)."""
     teacher_overconfident_kinds: list[str] | None = None

@@ -24,7 +24,9 @@ episodes ran before it or alongside it):
 
 With `quote`, after each observation that brought back a paragraph it needs, the teacher first
 writes the sentence of that paragraph that states the fact it needed, as its reasoning
-(`<think> Vorlen Masu was born in the city of Kaego. </think>`), then acts. Citing the evidence
+(`<think> Vorlen Masu was born in the city of Kaego. </think>`), then acts. On a real dataset's
+task (no hops; HotpotQA) the cited sentences of a gold paragraph are those that name the answer
+or the other gold paragraph's title, or that its supporting facts mark. Citing the evidence
 before using it is what Search-R1's template asks for (reason in `<think>` after new
 information), and it turns reading into copying: the student writes the sentence's opening from
 the question's words and then continues the passage it has just seen, which a small model
@@ -135,7 +137,10 @@ class ScriptedTeacher:
     @staticmethod
     def _evidence(task: Task, observation: str, cited: str = "") -> str:
         """The sentences of `observation` that state a fact of `task`'s hops (about a paragraph in
-        it), in hop order, less those already in `cited`; empty when there are none."""
+        it), in hop order, less those already in `cited`; empty when there are none. A task
+        without hops (a real dataset's) cites `_passage_evidence`."""
+        if not (task.meta or {}).get("hops"):
+            return ScriptedTeacher._passage_evidence(task, observation, cited)
         found = []
         for hop in (task.meta or {}).get("hops") or []:
             m = re.search(r'\(Title: "?' + re.escape(hop["entity"]) + r'"?\)\s*(.*?)(?=(?:Doc \d+\(Title:|</information>|$))',
@@ -149,6 +154,34 @@ class ScriptedTeacher:
                     if sentence.strip() not in cited:
                         found.append(sentence.strip())
                     break
+        return " ".join(dict.fromkeys(found))
+
+    @staticmethod
+    def _passage_evidence(task: Task, observation: str, cited: str = "") -> str:
+        """For a task with gold paragraphs and no hops (HotpotQA): in each gold paragraph the
+        observation shows, in the task's title order, the sentences that name the answer or
+        another gold paragraph's title (the bridge), or that the task's `supporting_facts` mark
+        (their index within the text shown), less those already in `cited`."""
+        meta = task.meta or {}
+        titles = gold_titles(task)
+        answers = [str(a) for a in (task.answer if isinstance(task.answer, (list, tuple)) else [task.answer])
+                   if str(a).strip() and str(a).strip().lower() not in ("yes", "no")]
+        marked: dict[str, set[int]] = {}
+        for fact in meta.get("supporting_facts") or []:
+            if fact and len(fact) > 1 and isinstance(fact[1], int):
+                marked.setdefault(str(fact[0]), set()).add(fact[1])
+        found = []
+        for title in titles:
+            m = re.search(r'\(Title: "?' + re.escape(title) + r'"?\)\s*(.*?)(?=(?:Doc \d+\(Title:|</information>|$))',
+                          observation, re.DOTALL)
+            if not m:
+                continue
+            names = answers + [t for t in titles if t != title]
+            for i, sentence in enumerate(re.split(r"(?<=[.!?])\s+", m.group(1).strip())):
+                sentence = sentence.strip()
+                named = any(re.search(rf"(?<!\w){re.escape(v)}(?!\w)", sentence, re.IGNORECASE) for v in names)
+                if sentence and (named or i in marked.get(title, ())) and sentence not in cited:
+                    found.append(sentence)
         return " ".join(dict.fromkeys(found))
 
     def _think(self, task: Task, messages: list[dict], n_prompt: int) -> str:

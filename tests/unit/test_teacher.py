@@ -263,3 +263,23 @@ def test_gold_titles_sources():
     assert gold_titles(t({"supporting_titles": ["A", "B", "A"]})) == ["A", "B"]
     assert gold_titles(t({"supporting_facts": [["A", 0], ["B", 2], ["A", 1]]})) == ["A", "B"]
     assert gold_titles(t({})) == []
+
+
+def test_quote_on_a_task_without_hops_cites_the_gold_paragraphs_sentences():
+    """HotpotQA: no hops; the sentences of the gold paragraphs shown that name the answer or the
+    other gold title, or that a supporting fact marks (by index in the text shown), are cited once."""
+    task = Task(id="h", prompt=[{"role": "user", "content": "Question: Tysons Galleria is located in what county?"}],
+                answer=["Fairfax County"],
+                meta={"supporting_facts": [["Tysons Galleria", 0], ["Tysons, Virginia", 0]]})
+    obs = ('<information>Doc 1(Title: "Tysons Galleria") Tysons Galleria is a mall in Tysons, Virginia. It has three levels.\n'
+           'Doc 2(Title: "Poughkeepsie Galleria") A mall in Fairfax County too.\n'
+           'Doc 3(Title: "Tysons, Virginia") Tysons is a place. It lies in Fairfax County, Virginia. It grew ...</information>')
+    teacher = ScriptedTeacher([task], quote=True, first_query="question", **PERFECT)
+    got = teacher._evidence(task, obs)
+    assert got == ("Tysons Galleria is a mall in Tysons, Virginia. Tysons is a place. It lies in Fairfax County, Virginia.")
+    assert teacher._evidence(task, obs, cited=got) == ""  # cited once
+    yes_no = Task(id="y", prompt=task.prompt, answer=["yes"], meta={"supporting_facts": [["Tysons Galleria", 1]]})
+    assert ScriptedTeacher._evidence(yes_no, obs) == "It has three levels."  # the marked sentence only; "yes" names nothing
+    msgs = [*task.prompt, {"role": "assistant", "content": "<search> q </search>"}, {"role": "user", "content": obs}]
+    text, _ = asyncio.run(teacher.chat(msgs, stop=("</search>", "</answer>")))
+    assert text == f"<think> {got} </think>\n<answer> Fairfax County </answer>"  # every gold paragraph seen: the answer
