@@ -11,7 +11,9 @@ turn, BM25 top 3 with 40-word passages), seeded per episode, with `seekrl eval`'
 workflow and engine the GRPO stage uses; nothing is trained). Printed per arm: wall seconds,
 episodes per minute, sampled tokens per second, prefilled and reused tokens, and the rollout's
 useful FLOP rate (2 × parameters × (sampled + prefilled tokens)) as a fraction of this process's
-measured fp32 matmul peak (bench/mfu.py `matmul_peak`). The arms' tokens agree (the reuse is exact
+measured fp32 matmul peak (bench/mfu.py `matmul_peak`). `--greedy` measures what `seekrl eval`
+does instead: temperature 0, at most one engine batch of episodes in flight (build.eval_in_flight),
+e.g. `--questions 100 --group 1 --greedy`. The arms' tokens agree (the reuse is exact
 to float rounding), so their work differs only by the prefill the store saves.
 """
 
@@ -43,9 +45,10 @@ def arm(args, reuse: int) -> dict:
         f"rollout.reuse_kv_tokens={reuse}", "model.freeze_layers=0", "train.mixed_precision=fp32"])
     run = build_eval(cfg)
     try:
-        params = dataclasses.replace(run.params, temperature=cfg.rollout.temperature)
+        params = run.params if args.greedy else dataclasses.replace(run.params, temperature=cfg.rollout.temperature)
         t0 = time.perf_counter()
-        metrics, groups = asyncio.run(evaluate(run.workflow, run.engine, run.tasks, args.group, params, run.primary_reward))
+        metrics, groups = asyncio.run(evaluate(run.workflow, run.engine, run.tasks, args.group, params, run.primary_reward,
+                                               max_in_flight=run.max_in_flight if args.greedy else None))
         trajs = [t for g in groups for t in g.trajectories]
         wall = time.perf_counter() - t0
         stats = dict(run.engine.stats)
@@ -66,6 +69,7 @@ def main() -> None:
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--arms", default="0,40000", help="comma-separated rollout.reuse_kv_tokens values")
+    p.add_argument("--greedy", action="store_true", help="as seekrl eval samples: greedy, one engine batch in flight")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out-dir", default="runs/bench/hotpotqa_rollout")
     p.add_argument("--out", default=None)

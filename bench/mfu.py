@@ -123,6 +123,9 @@ def measure(name: str, args, precision: str = "fp32", frozen: int = 0, reference
     batch = TokenBatch.from_trajectories(trajs)
     batch.old_logp_BC, batch.adv_BC = batch.behav_logp_BC, pad_completion(adv, batch.width)
     logp = trainer.logprobs(batch)  # before any update: the arm's log-probs of the same weights
+    t0 = time.perf_counter()
+    trainer.logprobs(batch)  # warm: what recomputing a step's old log-probs costs (train/offpolicy.py)
+    logprob_s = time.perf_counter() - t0
     gap = {}
     if reference is not None:
         d = (logp - reference)[batch.token_mask_BC]
@@ -141,7 +144,7 @@ def measure(name: str, args, precision: str = "fp32", frozen: int = 0, reference
     counted = count_flops(model, trajs)
     seconds = statistics.median(times)
     return {"model": name, "arm": f"{precision}:{frozen}", "seconds": seconds, "achieved_flops": counted["flops"] / seconds,
-            **counted, "tokens_per_s": counted["tokens"] / seconds, **gap, "_logp": logp}
+            **counted, "tokens_per_s": counted["tokens"] / seconds, "logprob_s": logprob_s, **gap, "_logp": logp}
 
 
 def main() -> None:
@@ -177,14 +180,14 @@ def main() -> None:
         r.pop("_logp")
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {args.threads} threads"
     print(f"{device}, {args.dtype}: {args.peak_size}x{args.peak_size} matmul peak {peak / 1e9:.1f} GFLOP/s")
-    print("| model | arm (precision:frozen) | update s | tokens/s | counted GFLOP (decoder + head + attention) | achieved GFLOP/s | MFU "
+    print("| model | arm (precision:frozen) | update s | old log-prob pass s | tokens/s | counted GFLOP (decoder + head + attention) | achieved GFLOP/s | MFU "
           "| mean / max abs log-prob gap to the first arm | k3 KL |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         r["mfu"] = r["achieved_flops"] / peak
         parts = " + ".join(f"{v / 1e9:.1f}" for v in r["parts"].values())
         gap = f"{r['logp_gap_mean']:.2e} / {r['logp_gap_max']:.2e} | {r['kl_k3']:.1e}" if "kl_k3" in r else "- | -"
-        print(f"| {r['model']} | {r['arm']} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} | {r['flops'] / 1e9:.1f} ({parts}) | "
+        print(f"| {r['model']} | {r['arm']} | {r['seconds']:.2f} | {r['logprob_s']:.2f} | {r['tokens_per_s']:.0f} | {r['flops'] / 1e9:.1f} ({parts}) | "
               f"{r['achieved_flops'] / 1e9:.1f} | {100 * r['mfu']:.1f}% | {gap} |")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

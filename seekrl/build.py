@@ -280,6 +280,10 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
     # (mask_observations=false) have none, so that ablation recomputes them.
     unmasked = cfg.tools.format is not None and not r.mask_observations
     reuse = t.recompute_logprobs == "never" or (t.recompute_logprobs == "auto" and exact and not unmasked)
+    # Recomputed old log-probs that nothing reads before the update (no KL in the reward or its metric,
+    # no distillation) and one optimizer step: the update's own forward pass gives them (train/offpolicy.py).
+    from_update = (t.recompute_logprobs == "auto" and not reuse and t.ppo_epochs == 1 and t.minibatches == 1
+                   and r.mode == "sync" and not a.decoupled and a.kl_coef == 0 and a.name != "distill")
     if ranks.is_main:
         rollout = make_rollout(r, workflow, engine, tasks.iterator, sampling_params(r), seed=t.seed, decode=text_decoder(tokenizer))
         rollout = LeaderRollout(rollout, ranks, full_model) if ranks.distributed else rollout
@@ -289,7 +293,7 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
         train=t, algo=a, eval=cfg.eval, log=cfg.log, config=cfg.to_dict(), run_dir=run_dir, tasks=tasks, model=model,
         full_model=full_model, tokenizer=tokenizer, engine=engine, workflow=workflow, eval_params=_eval_params(cfg),
         primary_reward=rubric.names[0], rollout=rollout, trainer=trainer, critic=critic, kl_ctl=kl_ctl,
-        reuse_engine_logprobs=reuse, ranks=ranks, agreement=AgreementCheck(t.agreement_rows, t.agreement_max_kl),
+        reuse_engine_logprobs=reuse, old_from_update=from_update, ranks=ranks, agreement=AgreementCheck(t.agreement_rows, t.agreement_max_kl),
         sync_versions=r.mode == "sync", teacher=teacher,
     )
 

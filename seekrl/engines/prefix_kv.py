@@ -13,6 +13,13 @@ often sample the same turn (a low-entropy policy writes the same query), and eac
 turns reuses the one stored copy (one copy of the keys and values, counted once against the
 budget). Requests with the same prompt that join a batch together feed their new tokens once.
 
+First turns share no finished request, but prompts written from one template share its text
+(the instruction before the question: ~140 of a HotpotQA prompt's ~160 tokens). When a prompt
+misses and shares at least `SHARED_MIN_TOKENS` leading tokens with the previous prompt that
+missed, the engine prefills that common part once and pins it here (`pin`): a pinned entry serves
+every later prompt that starts with it without being used up (`take`), until the weights change
+or the budget pushes it out (a hit moves it to the back of the queue).
+
 The store holds at most `max_tokens` tokens (oldest entries dropped first) and is emptied
 whenever the engine's weights change (`LocalEngine.update_weights`): keys and values computed by
 other weights are not what a prefill would give. Requests that were aborted or retracted leave
@@ -26,7 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PrefixKV", "PrefixEntry"]
+__all__ = ["PrefixKV", "PrefixEntry", "SHARED_MIN_TOKENS"]
+
+SHARED_MIN_TOKENS = 32  # a common start shorter than this is not worth a forward pass of its own
 
 
 @dataclass
@@ -37,6 +46,7 @@ class PrefixEntry:
     length: int
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     uses: int = 1  # finished requests that left these tokens: later requests it can still serve
+    pinned: bool = False  # a template's shared start (`PrefixKV.pin`): serves any number of requests
 
 
 class PrefixKV:
@@ -49,7 +59,8 @@ class PrefixKV:
         self.tokens = 0
         self._entries: collections.OrderedDict[tuple[int, ...], PrefixEntry] = collections.OrderedDict()
         self._lengths: collections.Counter[int] = collections.Counter()  # stored key lengths, for the lookup
-        self.stats = {"stored": 0, "hits": 0, "misses": 0, "reused_tokens": 0, "dropped": 0}
+        self.stats = {"stored": 0, "hits": 0, "misses": 0, "reused_tokens": 0, "dropped": 0, "pinned": 0}
+        self._last_miss: list[int] | None = None  # the previous prompt that found no stored prefix
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -74,27 +85,66 @@ class PrefixKV:
         self.tokens += len(key)
         self.stats["stored"] += 1
 
-    def take(self, prompt: list[int], requests: int = 1) -> PrefixEntry | None:
+    def take(self, prompt: list[int], requests: int = 1, prefill=None) -> PrefixEntry | None:
         """The entry of the longest stored key that is a proper prefix of `prompt`, for `requests`
         requests with that prompt (their uses are spent; an entry with none left is removed), or
-        None."""
+        None. `prefill(ids)`, when given, returns the keys and values of `ids`: a prompt that finds
+        nothing but shares its start with the previous prompt that did not (`shared_start`) pins
+        that start and takes it."""
+        entry = self._longest(prompt, requests)
+        if entry is None and prefill is not None:
+            n = self.shared_start(prompt)
+            if n:
+                self.pin(prompt[:n], lambda: prefill(prompt[:n]))
+                entry = self._longest(prompt, requests)
+        if entry is None:
+            self.stats["misses"] += requests
+        return entry
+
+    def _longest(self, prompt: list[int], requests: int) -> PrefixEntry | None:
         for n in sorted((n for n in self._lengths if n < len(prompt)), reverse=True):
             key = tuple(prompt[:n])
             if key in self._entries:
                 entry = self._entries[key]
-                entry.uses -= requests
-                if entry.uses <= 0:
-                    self._drop(key)
+                if entry.pinned:
+                    self._entries.move_to_end(key)
+                else:
+                    entry.uses -= requests
+                    if entry.uses <= 0:
+                        self._drop(key)
                 self.stats["hits"] += requests
                 self.stats["reused_tokens"] += n * requests
                 return entry
-        self.stats["misses"] += requests
         return None
+
+    def shared_start(self, prompt: list[int], min_tokens: int = SHARED_MIN_TOKENS) -> int:
+        """For a prompt that `take` missed: how many leading tokens it shares with the previous
+        prompt that missed (at least `min_tokens`, and fewer than its own length), else 0. It
+        becomes the previous miss."""
+        last, self._last_miss = self._last_miss, list(prompt)
+        if last is None:
+            return 0
+        n = 0
+        for a, b in zip(last, prompt):
+            if a != b:
+                break
+            n += 1
+        n = min(n, len(prompt) - 1, self.max_tokens)
+        return n if n >= min_tokens else 0
+
+    def pin(self, ids: list[int], layers) -> None:
+        """Keep `ids`' keys and values for any number of requests (a template's shared start)."""
+        self.put(ids, layers)
+        key = tuple(ids)
+        if key in self._entries:
+            self._entries[key].pinned = True
+            self.stats["pinned"] += 1
 
     def clear(self) -> None:
         self._entries.clear()
         self._lengths.clear()
         self.tokens = 0
+        self._last_miss = None
 
     def _drop(self, key: tuple[int, ...]) -> None:
         del self._entries[key]

@@ -142,7 +142,8 @@ class Batch:
         reused: list[tuple[list[_Row], list[int], PrefixEntry]] = []
         for group in same.values():
             prompt = group[0][1]
-            entry = e.prefix_kv.take(prompt, len(group)) if e.prefix_kv is not None else None
+            # (a template's start that the previous missing prompt shares is prefilled once and pinned)
+            entry = e.prefix_kv.take(prompt, len(group), prefill=self._prefill_start) if e.prefix_kv is not None else None
             if entry is not None:
                 reused.append(([row for row, _ in group], prompt, entry))
             else:
@@ -182,6 +183,19 @@ class Batch:
         e.stats["prefill_tokens"] += sum(ulens)
         self._merge_rows(cache, out.logits[:, -1, :], mask_uL, row_u, [len(p) for p in prompts])
         self.rows.extend(row for row, _ in fresh)
+
+    def _prefill_start(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The keys and values of `ids` alone (one row), per layer `(kv_heads, n, head_dim)`: a
+        shared start to pin (engines/prefix_kv.py)."""
+        from transformers import DynamicCache
+
+        e = self.e
+        cache = DynamicCache(config=e.model.config)
+        e.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.dev), past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+        e.stats["forward_steps"] += 1
+        e.stats["prefill_tokens"] += len(ids)
+        return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
     def _continue(self, reused: list[tuple[list[_Row], list[int], PrefixEntry]]) -> None:
         """Rows whose prompt starts with a stored prefix (engines/prefix_kv.py), the rows that share

@@ -41,7 +41,7 @@ class TrainConfig:
     packing: bool = True
     """Pack a micro-batch's sequences end to end into rows (varlen, attention kept within each sequence by a 4-D mask) instead of padding them, when that saves >= 10% of the rows; exact; SDPA or eager attention (others pad)."""
     recompute_logprobs: Literal["auto", "always", "never"] = "auto"
-    """Old log-probs: auto (reuse the engine's when exact: local fp32 engine sharing weights) | always | never."""
+    """Old log-probs: auto (reuse the engine's when exact: local fp32 engine sharing weights; otherwise, with one optimizer step a batch in sync mode and nothing reading them before the update, the update's own forward pass detached: one pass fewer) | always (a separate forward pass) | never."""
     agreement_rows: Annotated[int, Range(ge=0, text=">= 0 (0: no check when the engine's log-probs are reused)")] = 1
     """When the engine's log-probs are reused as old log-probs, the trainer recomputes this many completions per step and compares (mismatch/kl); when they are recomputed anyway, all are compared."""
     agreement_max_kl: Annotated[float, Range(gt=0, text="a finite number > 0 (e.g. 0.02)")] = 0.02

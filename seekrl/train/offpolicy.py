@@ -3,6 +3,12 @@
 Plain PPO (`algo.decoupled=false`) clips r = π_θ / π_old, with π_old the behaviour policy: the
 engine's log-probs when they are exact for the trainer's weights (`reuse`), else recomputed.
 
+When the step is one optimizer step on fresh tokens (`from_update`: plain PPO in sync mode,
+`train.ppo_epochs=1`, `train.minibatches=1`) and the engine's log-probs are not exact, the
+recomputed old log-probs would be the update's own forward pass at the same weights: π_old =
+π_θ.detach() there (ratio exactly 1, the same gradient) and the extra forward pass is skipped
+(`old_BC` None; train/policy.py takes the micro-batch's own detached log-probs).
+
 Decoupled PPO (`algo.decoupled=true`, the default in async mode) separates the policy that
 sampled a token (behaviour, version v_b: the engine's log-probs, always) from the one the update
 is clipped around (proximal: the policy being trained, version v = step - 1):
@@ -32,7 +38,7 @@ __all__ = ["OldLogprobs", "loglinear_alpha", "old_logprobs"]
 
 @dataclass
 class OldLogprobs:
-    old_BC: torch.Tensor  # the ratio's denominator: behaviour (plain), proximal (recompute), behaviour until the loss interpolates (loglinear)
+    old_BC: torch.Tensor | None  # the ratio's denominator (None: the update's own detached log-probs, `from_update`): behaviour (plain), proximal (recompute), behaviour until the loss interpolates (loglinear)
     alpha_BC: torch.Tensor | None = None  # loglinear: the interpolation weight per token
     recomputed: bool = False  # old_BC is the trainer's own forward pass at the trained version
 
@@ -43,13 +49,18 @@ def loglinear_alpha(versions: list[int], trained_version: int) -> list[float]:
     return [0.0 if vb < 0 or vb >= v else (v - vb) / (v + 1 - vb) for vb in versions]
 
 
-def old_logprobs(a: AlgoConfig, trainer, batch: TokenBatch, trained_version: int, reuse: bool) -> OldLogprobs:
+def old_logprobs(a: AlgoConfig, trainer, batch: TokenBatch, trained_version: int, reuse: bool,
+                 from_update: bool = False) -> OldLogprobs:
     """The denominators of the step's update (module docstring). `reuse`: the engine's log-probs
     (`batch.behav_logp_BC`) are exact for the trainer's weights at the version that sampled them.
-    With decoupled PPO the update reads the behaviour log-probs from the batch too."""
+    `from_update`: the step is one optimizer step, so a recomputation equals the update's own
+    forward pass (module docstring). With decoupled PPO the update reads the behaviour log-probs
+    from the batch too."""
     behav = batch.behav_logp_BC
     if not a.decoupled:
-        return OldLogprobs(behav, recomputed=False) if reuse else OldLogprobs(trainer.logprobs(batch), recomputed=True)
+        if reuse:
+            return OldLogprobs(behav, recomputed=False)
+        return OldLogprobs(None) if from_update else OldLogprobs(trainer.logprobs(batch), recomputed=True)
     if a.prox_logp == "loglinear":
         alpha = [loglinear_alpha(batch.versions_BC[i, : len(c)].tolist(), trained_version) for i, c in enumerate(batch.completion_ids)]
         out = torch.zeros_like(behav)

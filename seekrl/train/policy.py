@@ -100,11 +100,15 @@ class PolicyTrainer:
 
     # ---- the update ---------------------------------------------------------------------------
     def update(self, batch: TokenBatch, stats: StatsTracker) -> None:
-        """PPO epochs × minibatches over the batch: `batch.adv_BC` and `batch.old_logp_BC` set, and
+        """PPO epochs × minibatches over the batch: `batch.adv_BC` and `batch.old_logp_BC` set (None with
+        one optimizer step: the update's own log-probs, detached, train/offpolicy.py), and
         `batch.ref_logp_BC` when `batch.kl_coef` > 0. Decoupled PPO (algo.decoupled,
         train/offpolicy.py): `batch.behav_logp_BC` are the behaviour log-probs and `old_logp_BC` the
         proximal ones, or with `batch.prox_alpha_BC` the proximal ones are interpolated in the loss."""
         t = self.train
+        if batch.old_logp_BC is None and (t.ppo_epochs > 1 or t.minibatches > 1):
+            raise ValueError("old log-probs from the update's own forward pass need one optimizer step a batch "
+                             "(train.ppo_epochs=1, train.minibatches=1); recompute them first (trainer.logprobs)")
         mask_BC = batch.train_mask_BC(self.algo.mask_truncated)
         self.model.train()
         for _, idx in minibatch_indices(len(batch), t.ppo_epochs, t.minibatches, self.gen):
@@ -146,7 +150,8 @@ class PolicyTrainer:
         else:
             weight = float((mask_BC.sum(1) > 0).sum()) / max(1, mini.sequences)
         logp_BC, ent_BC = completion_logprobs(self.model, mb, self.temperature, entropy=True, where_BC=mask_BC)
-        old_BC = batch.rows(batch.old_logp_BC, rows, C, dev)
+        # None: one optimizer step on fresh tokens, so the old policy is this forward pass's (train/offpolicy.py)
+        old_BC = logp_BC.detach() if batch.old_logp_BC is None else batch.rows(batch.old_logp_BC, rows, C, dev)
         adv_BC = batch.rows(batch.adv_BC, rows, C, dev)
         weight_BC, wstats = None, {}
         if a.decoupled or self.correction is not None:  # weigh each token by (proximal or old) / behaviour

@@ -81,6 +81,7 @@ class RLRun:
     critic: CriticTrainer | None  # PPO
     kl_ctl: FixedKLController | AdaptiveKLController
     reuse_engine_logprobs: bool  # the engine's log-probs are the old log-probs (exact on the trainer's weights)
+    old_from_update: bool  # otherwise one optimizer step a batch: the update's own log-probs, detached (no extra pass)
     agreement: AgreementCheck  # engine vs trainer log-probs, every step
     sync_versions: bool  # sync rollout: every sampled token comes from the version published last
     ranks: Ranks  # one process: Ranks(); under torchrun this process's rank (parallel/ranks.py)
@@ -186,7 +187,8 @@ def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
     a = rl.algo
     # 3. Old log-probs (behaviour, or proximal with decoupled PPO), reference log-probs and values;
     #    the engine's log-probs checked against the trainer's (train/agreement.py).
-    old = old_logprobs(a, rl.trainer, batch, trained_version=step - 1, reuse=rl.reuse_engine_logprobs)
+    old = old_logprobs(a, rl.trainer, batch, trained_version=step - 1, reuse=rl.reuse_engine_logprobs,
+                       from_update=rl.old_from_update)
     batch.old_logp_BC, batch.prox_alpha_BC = old.old_BC, old.alpha_BC
     check = rl.agreement.measure(rl.trainer, batch, step - 1, old.old_BC if old.recomputed else None)
     stats.add_max(**{k: check.pop(k) for k in ("mismatch/ratio_max", "mismatch/abs_diff_max") if k in check})

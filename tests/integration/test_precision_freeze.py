@@ -1,7 +1,9 @@
 """The two cheaper-update options of the trainer:
 - `train.mixed_precision=bf16` in one process: the decoder runs under bf16 autocast, log-probs
   stay float32 and close to the fp32 ones, the weights and their gradients stay float32, and the
-  RL loop no longer reuses the fp32 engine's log-probs as old ones (recomputed: ratio 1 exactly).
+  RL loop no longer reuses the fp32 engine's log-probs as old ones (recomputed: ratio 1 exactly);
+  with one optimizer step a batch the update's own forward pass gives them (the same weights
+  after the step as with a separate recomputation, one pass fewer).
 - `model.freeze_layers=N`: the embeddings (and the tied head) and the first N layers get no
   gradient and never change; the layers above them train; bad values are one-line errors.
 """
@@ -70,16 +72,56 @@ def test_bf16_autocast_scores_close_to_fp32_in_float32_and_trains_fp32_weights(f
 def test_bf16_trainer_does_not_reuse_the_fp32_engine_logprobs(tmp_path):
     from seekrl.build import build_rl
 
-    def reuse(*extra):
-        cfg = load_config("examples/tiny_grpo.yaml", [f"log.dir={tmp_path}", "log.progress=false", "train.steps=1", *extra])
+    def reuse(name, *extra):
+        cfg = load_config("examples/tiny_grpo.yaml", [f"log.dir={tmp_path}", f"log.name={name}", "log.progress=false",
+                                                      "train.steps=1", *extra])
         run = build_rl(cfg)
         try:
-            return run.reuse_engine_logprobs, getattr(run.model, "seekrl_autocast", None)
+            return run.reuse_engine_logprobs, run.old_from_update, getattr(run.model, "seekrl_autocast", None)
         finally:
             run.close()
 
-    assert reuse() == (True, None)
-    assert reuse("train.mixed_precision=bf16", "log.name=bf16") == (False, torch.bfloat16)
+    assert reuse("fp32") == (True, False, None)  # the exact engine's log-probs: no pass at all
+    # not exact, one optimizer step, nothing reads them before the update: the update's own pass
+    assert reuse("bf16", "train.mixed_precision=bf16") == (False, True, torch.bfloat16)
+    # a separate pass: asked for, several optimizer steps a batch, the KL against the reference, async
+    assert reuse("always", "train.mixed_precision=bf16", "train.recompute_logprobs=always")[:2] == (False, False)
+    assert reuse("epochs", "train.mixed_precision=bf16", "train.ppo_epochs=2")[:2] == (False, False)
+    assert reuse("mini", "train.mixed_precision=bf16", "train.minibatches=2")[:2] == (False, False)
+    assert reuse("kl", "train.mixed_precision=bf16", "algo.kl_coef=0.01")[:2] == (False, False)
+    assert reuse("async", "train.mixed_precision=bf16", "rollout.mode=async")[:2] == (False, False)
+
+
+def test_old_logprobs_from_the_update_give_the_recomputed_step(tiny_model, tiny_tokenizer):
+    """One optimizer step under bf16 autocast: old log-probs from the update's own forward pass
+    (old_logp_BC None) move the weights as a separate recomputation does, with the ratio exactly 1;
+    with several optimizer steps a batch they are refused."""
+    import copy
+
+    trajs = _trajs(len(tiny_tokenizer))
+    cfg = _cfg("train.mixed_precision=bf16", "train.lr=1e-2")
+    after = []
+    for recompute in (True, False):
+        model = copy.deepcopy(tiny_model)
+        set_autocast(model, torch.bfloat16)
+        trainer = policy_trainer(cfg, model, 0, total_steps=1)
+        batch = TokenBatch.from_trajectories(trajs)
+        batch.old_logp_BC = trainer.logprobs(batch) if recompute else None
+        batch.adv_BC = pad_completion([[float(i % 3) - 1.0] * len(t.completion_ids) for i, t in enumerate(trajs)], batch.width)
+        stats = StatsTracker()
+        trainer.update(batch, stats)
+        assert stats.export()["actor/ratio_max"] == pytest.approx(1.0, abs=1e-6)
+        after.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    moved = [n for n in after[0] if not torch.equal(after[0][n], tiny_model.state_dict()[n])]
+    assert moved  # the step changed the weights, and both ways the same
+    for n in after[0]:
+        torch.testing.assert_close(after[1][n], after[0][n], rtol=1e-5, atol=1e-7)
+    model = copy.deepcopy(tiny_model)
+    trainer = policy_trainer(_cfg("train.ppo_epochs=2"), model, 0, total_steps=1)
+    batch = TokenBatch.from_trajectories(trajs)
+    batch.adv_BC = pad_completion([[1.0] * len(t.completion_ids) for t in trajs], batch.width)
+    with pytest.raises(ValueError, match="one optimizer step"):
+        trainer.update(batch, StatsTracker())
 
 
 def test_frozen_layers_get_no_gradient_and_stay_as_they_were(fresh_tiny_model, tiny_tokenizer):

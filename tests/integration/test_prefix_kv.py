@@ -1,7 +1,8 @@
 """LocalEngine's KV cache across turns (`rollout.reuse_kv_tokens`, engines/prefix_kv.py) against a
 full re-prefill of the whole history: the same tokens and log-probs (to float rounding), turn after
 turn, for episodes of different lengths in one batch, on both decode paths; only the new tokens
-are prefilled; a weight update empties the store; the store keeps to its token budget."""
+are prefilled; first turns written from one template prefill the shared start once; a weight
+update empties the store; the store keeps to its token budget."""
 
 from __future__ import annotations
 
@@ -81,6 +82,32 @@ def test_a_group_that_samples_the_same_turn_feeds_its_new_tokens_once(sharp_tiny
     reuse.close()
 
 
+@pytest.mark.parametrize("compile", ["false", "auto"])
+def test_prompts_from_one_template_prefill_their_shared_start_once(sharp_tiny, tiny_tokenizer, compile):
+    """First turns share no finished request, but a template's start: the second prompt that misses
+    pins the common start, and every later prompt prefills only its own tail, with the tokens and
+    log-probs of a full prefill."""
+    model = sharp_tiny(7)
+    rng = random.Random(2)
+    start = [rng.randrange(5, 100) for _ in range(40)]
+    prompts = [start + [100 + i] + [rng.randrange(5, 100) for _ in range(2 + 3 * i)] for i in range(6)]
+    full = LocalEngine(model, tiny_tokenizer, seed=0, compile=compile)
+    reuse = LocalEngine(model, tiny_tokenizer, seed=0, compile=compile, reuse_kv_tokens=100_000)
+    a, b = _episodes(full, prompts, turns=2), _episodes(reuse, prompts, turns=2)
+    for ea, eb in zip(a, b):
+        for (ta, la), (tb, lb) in zip(ea, eb):
+            assert ta == tb
+            torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), atol=1e-5, rtol=0)
+    st = reuse.prefix_kv.stats
+    assert st["pinned"] == 1 and st["misses"] == 1  # the first prompt alone prefilled its start
+    assert st["hits"] == (len(prompts) - 1) + len(prompts)  # the other first turns, and every second turn
+    # the start went through the model twice (the first prompt, the pin), not six times
+    first_turns = sum(len(p) for p in prompts)
+    assert full.stats["prefill_tokens"] - reuse.stats["prefill_tokens"] >= first_turns - sum(len(p) - 40 for p in prompts) - 2 * 40
+    full.close()
+    reuse.close()
+
+
 def test_weight_update_empties_the_store_and_the_budget_holds(sharp_tiny, tiny_tokenizer):
     model = sharp_tiny(6)
     engine = LocalEngine(model, tiny_tokenizer, seed=0, reuse_kv_tokens=100_000)
@@ -114,3 +141,21 @@ def test_weight_update_empties_the_store_and_the_budget_holds(sharp_tiny, tiny_t
     store.put([2, 2], kv)
     store.put([2, 2], kv)
     assert store.take([2, 2, 5], requests=2) is not None and store.take([2, 2, 5]) is None
+
+    pins = PrefixKV(100)
+    tpl = list(range(1, 41))
+    assert pins.shared_start(tpl + [50, 51]) == 0  # no earlier miss
+    assert pins.shared_start(list(range(1, 20)) + [60]) == 0  # 19 common tokens: under SHARED_MIN_TOKENS
+    assert pins.shared_start(tpl + [52]) == 0 and pins.shared_start(tpl + [53, 54]) == 40
+    pins.pin(tpl, kv)
+    hits = [pins.take(tpl + [70 + i], prefill=lambda ids: pytest.fail("a stored start is not prefilled again")) for i in range(5)]
+    assert all(h is not None and h.length == 40 and h.pinned for h in hits) and len(pins) == 1  # never used up
+    assert pins.shared_start(tpl[:-1]) == 38  # never the whole prompt: one token at least to feed
+    pins.clear()
+    assert len(pins) == 0 and pins.shared_start(tpl + [1]) == 0  # the previous miss is forgotten with the weights
+    calls = []
+    fresh = PrefixKV(100)
+    assert fresh.take(tpl + [1, 2], prefill=lambda ids: calls.append(ids) or kv) is None  # the first miss: nothing to share
+    e = fresh.take(tpl + [3], prefill=lambda ids: calls.append(ids) or kv)  # the second: its shared start, pinned
+    assert e is not None and e.pinned and e.length == 40 and calls == [tpl]
+    assert fresh.stats["misses"] == 1 and fresh.stats["hits"] == 1 and fresh.stats["pinned"] == 1
