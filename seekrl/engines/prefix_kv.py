@@ -67,7 +67,8 @@ class PrefixKV:
 
     def put(self, ids: list[int], layers) -> None:
         """Keep the keys and values of `ids` (at least one token, at most max_tokens); `layers` is
-        the `(keys, values)` pairs or a function that returns them (called only for a new key).
+        the `(keys, values)` pairs or a function that returns them (called only for a new key; None:
+        nothing is stored).
         The same ids again add one use to the stored entry."""
         key = tuple(ids)
         if not key or len(key) > self.max_tokens:
@@ -77,6 +78,8 @@ class PrefixKV:
             self.stats["stored"] += 1
             return
         layers = layers() if callable(layers) else layers
+        if layers is None:  # (a cache that cannot be stored: sliding-window layers keep only their window)
+            return
         while self.tokens + len(key) > self.max_tokens:
             self._drop(next(iter(self._entries)))
             self.stats["dropped"] += 1

@@ -184,9 +184,9 @@ class Batch:
         self._merge_rows(cache, out.logits[:, -1, :], mask_uL, row_u, [len(p) for p in prompts])
         self.rows.extend(row for row, _ in fresh)
 
-    def _prefill_start(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _prefill_start(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """The keys and values of `ids` alone (one row), per layer `(kv_heads, n, head_dim)`: a
-        shared start to pin (engines/prefix_kv.py)."""
+        shared start to pin (engines/prefix_kv.py); None for a model with sliding-window layers."""
         from transformers import DynamicCache
 
         e = self.e
@@ -195,6 +195,8 @@ class Batch:
                 logits_to_keep=1)
         e.stats["forward_steps"] += 1
         e.stats["prefill_tokens"] += len(ids)
+        if not _plain_layers(cache):
+            return None
         return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
     def _continue(self, reused: list[tuple[list[_Row], list[int], PrefixEntry]]) -> None:

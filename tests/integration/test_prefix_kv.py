@@ -159,3 +159,6 @@ def test_weight_update_empties_the_store_and_the_budget_holds(sharp_tiny, tiny_t
     e = fresh.take(tpl + [3], prefill=lambda ids: calls.append(ids) or kv)  # the second: its shared start, pinned
     assert e is not None and e.pinned and e.length == 40 and calls == [tpl]
     assert fresh.stats["misses"] == 1 and fresh.stats["hits"] == 1 and fresh.stats["pinned"] == 1
+    assert fresh.take(list(range(100, 140)) + [1], prefill=lambda ids: None) is None  # nothing to share yet
+    assert fresh.take(list(range(100, 140)) + [2], prefill=lambda ids: None) is None  # a start that cannot be stored
+    assert fresh.stats["pinned"] == 1 and len(fresh) == 1
