@@ -127,7 +127,7 @@ def curriculum_cache_key(cfg: Config) -> dict:
 
 
 def eval_in_flight(cfg: Config) -> int | None:
-    """Episodes an eval or curriculum measurement runs at once: with the in-process engine keeping
+    """Episodes an eval (`seekrl eval`, the RL loop's `eval.every`) or curriculum measurement runs at once: with the in-process engine keeping
     KV across turns, one engine batch (rollout.engine_batch_size), so an episode's next turn finds
     its stored prefix (with every task at once the store overflows and later turns are prefilled
     whole: BENCHMARKS.md); otherwise every task at once (engine servers queue and batch them)."""
@@ -292,7 +292,7 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
     return RLRun(
         train=t, algo=a, eval=cfg.eval, log=cfg.log, config=cfg.to_dict(), run_dir=run_dir, tasks=tasks, model=model,
         full_model=full_model, tokenizer=tokenizer, engine=engine, workflow=workflow, eval_params=_eval_params(cfg),
-        primary_reward=rubric.names[0], rollout=rollout, trainer=trainer, critic=critic, kl_ctl=kl_ctl,
+        eval_in_flight=eval_in_flight(cfg), primary_reward=rubric.names[0], rollout=rollout, trainer=trainer, critic=critic, kl_ctl=kl_ctl,
         reuse_engine_logprobs=reuse, old_from_update=from_update, ranks=ranks, agreement=AgreementCheck(t.agreement_rows, t.agreement_max_kl),
         sync_versions=r.mode == "sync", teacher=teacher,
     )

@@ -143,18 +143,24 @@ class ScriptedTeacher:
             return ScriptedTeacher._passage_evidence(task, observation, cited)
         found = []
         for hop in (task.meta or {}).get("hops") or []:
-            m = re.search(r'\(Title: "?' + re.escape(hop["entity"]) + r'"?\)\s*(.*?)(?=(?:Doc \d+\(Title:|</information>|$))',
-                          observation, re.DOTALL)
-            if not m:
+            text = ScriptedTeacher._paragraph(observation, hop["entity"])
+            if text is None:
                 continue
             value = str(hop["value"])
             values = {value, f"{int(value):,}"} if value.isdigit() else {value}
-            for sentence in re.split(r"(?<=\.)\s+", m.group(1).strip()):
+            for sentence in re.split(r"(?<=\.)\s+", text):
                 if any(re.search(rf"(?<![\w,]){re.escape(v)}(?!\w|,\d)", sentence) for v in values):
                     if sentence.strip() not in cited:
                         found.append(sentence.strip())
                     break
         return " ".join(dict.fromkeys(found))
+
+    @staticmethod
+    def _paragraph(observation: str, title: str) -> str | None:
+        """The text the observation shows of the paragraph titled `title`, or None."""
+        m = re.search(r'\(Title: "?' + re.escape(title) + r'"?\)\s*(.*?)(?=(?:Doc \d+\(Title:|</information>|$))',
+                      observation, re.DOTALL)
+        return m.group(1).strip() if m else None
 
     @staticmethod
     def _passage_evidence(task: Task, observation: str, cited: str = "") -> str:
@@ -172,12 +178,11 @@ class ScriptedTeacher:
                 marked.setdefault(str(fact[0]), set()).add(fact[1])
         found = []
         for title in titles:
-            m = re.search(r'\(Title: "?' + re.escape(title) + r'"?\)\s*(.*?)(?=(?:Doc \d+\(Title:|</information>|$))',
-                          observation, re.DOTALL)
-            if not m:
+            text = ScriptedTeacher._paragraph(observation, title)
+            if text is None:
                 continue
             names = answers + [t for t in titles if t != title]
-            for i, sentence in enumerate(re.split(r"(?<=[.!?])\s+", m.group(1).strip())):
+            for i, sentence in enumerate(re.split(r"(?<=[.!?])\s+", text)):
                 sentence = sentence.strip()
                 named = any(re.search(rf"(?<!\w){re.escape(v)}(?!\w)", sentence, re.IGNORECASE) for v in names)
                 if sentence and (named or i in marked.get(title, ())) and sentence not in cited:

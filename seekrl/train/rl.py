@@ -75,6 +75,7 @@ class RLRun:
     engine: InferenceEngine | None  # rank 0: LocalEngine, or RemoteEngine on servers; None on the other ranks
     workflow: Workflow | None  # rank 0
     eval_params: SamplingParams  # how evaluation samples (eval.temperature, its own seed)
+    eval_in_flight: int | None  # episodes the in-training eval runs at once (build.eval_in_flight); None: every task
     primary_reward: str  # the rubric's first reward: evaluation's accuracy rule
     rollout: RolloutSource  # where each step's batch comes from
     trainer: PolicyTrainer
@@ -254,7 +255,8 @@ def log_rollout_stats(stats: StatsTracker, trajs: list[Trajectory]) -> None:
 
 async def run_eval(rl: RLRun) -> dict[str, float]:
     t0 = time.perf_counter()
-    metrics, _ = await evaluate(rl.workflow, rl.engine, rl.tasks.eval, rl.eval.n, rl.eval_params, rl.primary_reward)
+    metrics, _ = await evaluate(rl.workflow, rl.engine, rl.tasks.eval, rl.eval.n, rl.eval_params, rl.primary_reward,
+                                max_in_flight=rl.eval_in_flight)
     return {**metrics, "time/eval_s": time.perf_counter() - t0}
 
 

@@ -43,3 +43,17 @@ def test_eval_in_flight_is_one_engine_batch_with_the_kv_store_only():
     assert eval_in_flight(load_config(None, ["rollout.reuse_kv_tokens=0"])) is None
     assert eval_in_flight(load_config(None, ["rollout.reuse_kv_tokens=1000", "engine.kind=remote",
                                              "engine.urls=[http://127.0.0.1:1]"])) is None
+
+
+def test_the_rl_loops_eval_takes_the_same_bound(tmp_path):
+    """`eval.every`'s eval runs on the training engine and its KV store: the same bound as `seekrl eval`."""
+    from seekrl.build import build_rl
+
+    for extra, want in ((["rollout.reuse_kv_tokens=1000", "rollout.engine_batch_size=16"], 16), ([], None)):
+        cfg = load_config("examples/tiny_grpo.yaml", [f"log.dir={tmp_path}", f"log.name=r{len(extra)}", "log.progress=false",
+                                                      "train.steps=1", *extra])
+        run = build_rl(cfg)
+        try:
+            assert run.eval_in_flight == want
+        finally:
+            run.close()
