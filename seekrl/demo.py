@@ -42,10 +42,11 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from seekrl.config import load_config
 
-__all__ = ["run_demo", "before_after_rows", "markdown_table", "DEFAULT_CONFIG"]
+__all__ = ["run_demo", "before_after_rows", "markdown_table", "stage_printer", "DEFAULT_CONFIG"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "demo_search.yaml"
 SCOPES = (("all", ""), ("1-hop", "1hop/"), ("2-hop", "2hop/"), ("comparison", "comparison/"))
@@ -65,6 +66,17 @@ def before_after_rows(before: dict, after: dict) -> list[dict]:
             row[f"{name} RL"] = a
         rows.append(row)
     return rows
+
+
+def stage_printer(console: Console, t0: float):
+    """`stage(name, command)`: a rule with the stage's name and the seconds since `t0`, then the
+    command it runs, printed literally (an override such as reward.functions=[qa_em] is not markup)."""
+
+    def stage(name: str, command: str) -> None:
+        console.rule(f"[bold]{escape(name)}[/bold]  [dim]{time.perf_counter() - t0:.0f}s[/dim]")
+        console.print(f"[dim]$ {escape(command)}[/dim]", highlight=False)
+
+    return stage
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -137,10 +149,7 @@ def run_demo(out: str = "runs/demo", config: str | None = None, overrides: list[
     # a bad config fails here, before anything runs (the tool checks wait for the index)
     d = load_config(config, paths + list(overrides) + ["tools.format=null"]).demo
     t0 = time.perf_counter()
-
-    def stage(name: str, command: str) -> None:
-        console.rule(f"[bold]{name}[/bold]  [dim]{time.perf_counter() - t0:.0f}s[/dim]")
-        console.print(f"[dim]$ {command}[/dim]", highlight=False)
+    stage = stage_printer(console, t0)
 
     def cmd(*args: str) -> str:
         return "seekrl " + " ".join(shlex.quote(a) for a in args)

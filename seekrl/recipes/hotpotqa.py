@@ -28,7 +28,9 @@ by hand); a rerun with the same folder skips every stage whose output is complet
 8. eval    the GRPO model on the held-out questions, then on the check questions (seekrl eval)
 9. report  DIR/results.json, DIR/results.md (EM, F1, searches per question, well-formed episodes,
            answer rate; wall time per stage; the GRPO gain over SFT with a paired-bootstrap 95%
-           interval) and DIR/report.html (plots of the GRPO run first)  (seekrl report)
+           interval; EM by question type; the questions with two possible answers, yes/no and
+           "X or Y?", against chance, and the EM on the rest (`two_way_guesses`)) and
+           DIR/report.html (plots of the GRPO run first)  (seekrl report)
 
 A longer budget is the same command with more steps (`train.steps=40`, `demo.sft_steps=60`): the
 trained stage resumes from its last checkpoint, and the evals after it run again on the new one.
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import sys
 import time
@@ -51,7 +54,7 @@ from rich.console import Console
 
 from seekrl.config import load_config
 
-__all__ = ["run", "hotpotqa_split", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "learning_curve",
+__all__ = ["run", "hotpotqa_split", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "two_way_guesses", "learning_curve",
            "check_from_curve", "DEFAULT_CONFIG", "SPLIT_KEY"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
@@ -125,6 +128,58 @@ def em_by_type(scores: dict[str, float], kinds: dict[str, str]) -> dict[str, dic
     return {k: {"em": sum(v) / len(v), "n": len(v)} for k, v in sorted(out.items())}
 
 
+def _either_or(question: str) -> tuple[str, str] | None:
+    """The two options of an "X or Y?" question, normalised: the text before the last " or " (from
+    the last comma or colon on) and the text after it; None without " or "."""
+    from seekrl.rewards.qa import normalize_answer
+
+    head, sep, tail = question.rstrip(" ?").rpartition(" or ")
+    if not sep:
+        return None
+    return normalize_answer(re.split(r"[,:]", head)[-1]), normalize_answer(tail)
+
+
+def two_way_guesses(questions: Path, predictions: dict[str, str | None], scores: dict[str, float]) -> dict[str, dict]:
+    """How a model answers the held-out questions that have two possible answers, against chance:
+    yes/no questions (gold yes or no): n, EM, the share answered "yes" and the share whose gold is
+    yes; either-or questions ("X or Y?" whose gold names one option): n, EM, the share of answers
+    naming the first option (of those naming one) and the share whose gold is the first; and the
+    EM on every other question ("open": the answer must be read, not picked). A policy
+    that cannot read sits near chance here and GRPO moves these shares, not the EM (RESULTS.md)."""
+    from seekrl.rewards.qa import gold_list, normalize_answer
+
+    yn, eo, other = [], [], []
+    for line in questions.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        task_id = str(row["_id"])
+        if task_id not in scores:
+            continue
+        gold = normalize_answer(gold_list(row.get("answer"))[0])
+        pred = normalize_answer(predictions.get(task_id) or "")
+        if gold in ("yes", "no"):
+            yn.append((scores[task_id], pred == "yes", gold == "yes"))
+            continue
+        options = _either_or(str(row.get("question", "")))
+        where = [gold in options[0], gold in options[1]] if options and gold else []
+        if sum(where) != 1:
+            other.append(scores[task_id])
+            continue
+        first, second = options
+        picked = [bool(pred) and pred in first, bool(pred) and pred in second]
+        eo.append((scores[task_id], picked[0] if sum(picked) == 1 else None, where[0]))
+
+    def summary(rows: list, share: str, gold_share: str) -> dict:
+        named = [r[1] for r in rows if r[1] is not None]
+        return {"n": len(rows), "em": sum(r[0] for r in rows) / len(rows) if rows else None,
+                share: sum(named) / len(named) if named else None,
+                gold_share: sum(r[2] for r in rows) / len(rows) if rows else None}
+
+    return {"yes/no": summary(yn, "answered yes", "gold yes"), "either-or": summary(eo, "picked first", "gold first"),
+            "open": {"n": len(other), "em": sum(other) / len(other) if other else None}}
+
+
 def learning_curve(run_dir: Path) -> list[dict]:
     """The GRPO run's evals on the curve questions (metrics.jsonl rows with eval/em): step, training
     minutes so far (the sum of step times, evals not included), check-set EM and F1, and the mean
@@ -179,6 +234,28 @@ def _scores(eval_dir: Path, key: str = "score/em") -> dict[str, float]:
     return out
 
 
+def _predictions(eval_dir: Path) -> dict[str, str | None]:
+    """task id -> the eval's final answer (the last <answer>), None where it gave none."""
+    from seekrl.rewards.qa import extract_answer
+
+    out = {}
+    for line in (eval_dir / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        out[str(rec["task_id"])] = extract_answer(str(rec.get("completion", "")))
+    return out
+
+
+def _two_way_rows(res: dict) -> list[dict]:
+    rows = []
+    for name, by in res["two_way"].items():
+        yn, eo = by["yes/no"], by["either-or"]
+        rows.append({"model": "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})",
+                     f"yes/no EM (n={yn['n']})": yn["em"], "answered yes": yn["answered yes"], "gold yes": yn["gold yes"],
+                     f"either-or EM (n={eo['n']})": eo["em"], "picked the first": eo["picked first"],
+                     "gold the first": eo["gold first"], f"open EM (n={by['open']['n']})": by["open"]["em"]})
+    return rows
+
+
 def _write_jsonl(path: Path, rows) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -220,6 +297,9 @@ def _results_markdown(res: dict) -> str:
         lines += ["", f"Mean EM gain of GRPO over SFT across the {len(gains)} seeds: **{100 * res['grpo_gain_mean']:+.1f} points**"]
     if res.get("em_by_type"):
         lines += ["", "EM by question type (held-out):", "", markdown_table(_type_rows(res)).rstrip()]
+    if res.get("two_way"):
+        lines += ["", "Questions with two possible answers (held-out): EM, and how the answers split against the gold's split "
+                  "(a policy that guesses sits near chance and moves the split):", "", markdown_table(_two_way_rows(res)).rstrip()]
     if res.get("curve"):
         lines += ["", "Learning curve of the first seed (check questions, greedy; minutes: training time, evals not counted):", "",
                   markdown_table(res["curve"]).rstrip()]
@@ -243,7 +323,7 @@ def _results_markdown(res: dict) -> str:
 def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[str] = ()) -> dict:
     """Run every stage (module docstring); returns results.json's content."""
     from seekrl import jobs
-    from seekrl.demo import markdown_table
+    from seekrl.demo import markdown_table, stage_printer
     from seekrl.report import markdown_table_to_html, write_report
     from seekrl.retrieval.commands import build_index
 
@@ -260,10 +340,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     out_dir.mkdir(parents=True, exist_ok=True)
     timings: dict = json.loads(timings_path.read_text()) if timings_path.is_file() else {}
     t0 = time.perf_counter()
-
-    def stage(name: str, command: str) -> None:
-        console.rule(f"[bold]{name}[/bold]  [dim]{time.perf_counter() - t0:.0f}s[/dim]")
-        console.print(f"[dim]$ {command}[/dim]", highlight=False)
+    stage = stage_printer(console, t0)
 
     def timed(name: str, fn, *args):
         start = time.perf_counter()
@@ -381,6 +458,8 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
            "grpo_gain": gains[first], "grpo_gains": gains,
            "grpo_gain_mean": sum(g["mean"] for g in gains.values()) / len(gains),
            "em_by_type": {name: em_by_type(scores[name], kinds) for name in ("sft", *runs)},
+           "two_way": {name: two_way_guesses(files["heldout"], _predictions(out_dir / name / "eval"), scores[name])
+                       for name in ("sft", *runs)},
            "curve": learning_curve(out_dir / first) if d.check_every > 0 else [],
            "sft_gain": paired_bootstrap([scores["base"][i] for i in sorted(scores["base"])],
                                         [scores["sft"][i] for i in sorted(scores["base"])])}
@@ -389,7 +468,8 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     (out_dir / "results.md").write_text(md)
     stage("9. report", cmd("report", out_dir / "grpo", "--out", out_dir / "report.html"))
     sections = [("Held-out questions before and after each stage (greedy)", markdown_table_to_html(markdown_table(table))),
-                ("EM by question type (held-out)", markdown_table_to_html(markdown_table(_type_rows(res))))]
+                ("EM by question type (held-out)", markdown_table_to_html(markdown_table(_type_rows(res)))),
+                ("Questions with two possible answers (held-out)", markdown_table_to_html(markdown_table(_two_way_rows(res))))]
     if res["curve"]:
         sections.append(("Learning curve: check questions (greedy) and training reward, against steps and minutes",
                          markdown_table_to_html(markdown_table(res["curve"]))))

@@ -80,6 +80,10 @@ def test_recipe_runs_every_stage(recipe):
         by = res["em_by_type"][name]
         assert set(by) == set(kinds.values()) and sum(v["n"] for v in by.values()) == 8
         assert sum(v["em"] * v["n"] for v in by.values()) / 8 == pytest.approx(res["evals"][name]["eval/em"])
+        # the questions with two possible answers and the open ones: every held-out question once, the same EM
+        tw = res["two_way"][name]
+        assert sum(v["n"] for v in tw.values()) == 8
+        assert sum((v["em"] or 0.0) * v["n"] for v in tw.values()) / 8 == pytest.approx(res["evals"][name]["eval/em"])
     # the learning curve: the first seed on the curve questions at steps 0, 1 (every 1) and 2 (the last)
     curve = res["curve"]
     assert [p["step"] for p in curve] == [0, 1, 2] and curve[0]["minutes"] == 0 and curve[-1]["minutes"] > 0
@@ -93,6 +97,7 @@ def test_recipe_runs_every_stage(recipe):
     md = (out / "results.md").read_text()
     assert "95% CI" in md and "| total |" in md and "after GRPO, check questions" in md
     assert "GRPO (train.seed=1) over SFT" in md and "Mean EM gain" in md and "Learning curve" in md and "bridge EM" in md
+    assert "open EM (n=" in md
     page = (out / "report.html").read_text()
     assert page.index("Held-out questions before and after each stage") < page.index("Learning curve") < page.index("<details")
 
