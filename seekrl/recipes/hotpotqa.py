@@ -29,7 +29,8 @@ by hand); a rerun with the same folder skips every stage whose output is complet
 9. report  DIR/results.json, DIR/results.md (EM, F1, searches per question, well-formed episodes,
            answer rate; wall time per stage; the GRPO gain over SFT with a paired-bootstrap 95%
            interval; EM by question type; the questions with two possible answers, yes/no and
-           "X or Y?", against chance, and the EM on the rest (`two_way_guesses`)) and
+           "X or Y?", against chance, the EM on the open rest and each seed's gain there
+           (`answer_options`, `two_way_guesses`)) and
            DIR/report.html (plots of the GRPO run first)  (seekrl report)
 
 A longer budget is the same command with more steps (`train.steps=40`, `demo.sft_steps=60`): the
@@ -54,7 +55,7 @@ from rich.console import Console
 
 from seekrl.config import load_config
 
-__all__ = ["run", "hotpotqa_split", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "two_way_guesses", "learning_curve",
+__all__ = ["run", "hotpotqa_split", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "learning_curve",
            "check_from_curve", "DEFAULT_CONFIG", "SPLIT_KEY"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
@@ -114,9 +115,8 @@ def paired_bootstrap(before: list[float], after: list[float], n: int = 10_000, s
     return {"mean": float(d.mean()), "ci95": [float(lo), float(hi)], "n": len(d), "resamples": n}
 
 
-def question_types(path: Path) -> dict[str, str]:
-    """`_id` -> HotpotQA's question `type` (bridge | comparison) of a split file."""
-    rows = (json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip())
+def question_types(rows: list[dict]) -> dict[str, str]:
+    """`_id` -> HotpotQA's question `type` (bridge | comparison) of a split's rows."""
     return {str(r["_id"]): str(r.get("type") or "unknown") for r in rows}
 
 
@@ -128,56 +128,52 @@ def em_by_type(scores: dict[str, float], kinds: dict[str, str]) -> dict[str, dic
     return {k: {"em": sum(v) / len(v), "n": len(v)} for k, v in sorted(out.items())}
 
 
-def _either_or(question: str) -> tuple[str, str] | None:
-    """The two options of an "X or Y?" question, normalised: the text before the last " or " (from
-    the last comma or colon on) and the text after it; None without " or "."""
-    from seekrl.rewards.qa import normalize_answer
-
-    head, sep, tail = question.rstrip(" ?").rpartition(" or ")
-    if not sep:
-        return None
-    return normalize_answer(re.split(r"[,:]", head)[-1]), normalize_answer(tail)
-
-
-def two_way_guesses(questions: Path, predictions: dict[str, str | None], scores: dict[str, float]) -> dict[str, dict]:
-    """How a model answers the held-out questions that have two possible answers, against chance:
-    yes/no questions (gold yes or no): n, EM, the share answered "yes" and the share whose gold is
-    yes; either-or questions ("X or Y?" whose gold names one option): n, EM, the share of answers
-    naming the first option (of those naming one) and the share whose gold is the first; and the
-    EM on every other question ("open": the answer must be read, not picked). A policy
-    that cannot read sits near chance here and GRPO moves these shares, not the EM (RESULTS.md)."""
+def answer_options(row: dict) -> tuple[str, tuple[str, str] | None, int | None]:
+    """A question's kind, its two possible answers (normalised) and which of them is the gold one:
+    ("yes/no", ("yes", "no"), 0 | 1) for a yes/no gold; ("either-or", (first, second), 0 | 1) for an
+    "X or Y?" question whose gold names exactly one option (the first option runs from the last
+    comma or colon before the last " or "); ("open", None, None) otherwise."""
     from seekrl.rewards.qa import gold_list, normalize_answer
 
-    yn, eo, other = [], [], []
-    for line in questions.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        task_id = str(row["_id"])
-        if task_id not in scores:
-            continue
-        gold = normalize_answer(gold_list(row.get("answer"))[0])
-        pred = normalize_answer(predictions.get(task_id) or "")
-        if gold in ("yes", "no"):
-            yn.append((scores[task_id], pred == "yes", gold == "yes"))
-            continue
-        options = _either_or(str(row.get("question", "")))
-        where = [gold in options[0], gold in options[1]] if options and gold else []
-        if sum(where) != 1:
-            other.append(scores[task_id])
-            continue
-        first, second = options
-        picked = [bool(pred) and pred in first, bool(pred) and pred in second]
-        eo.append((scores[task_id], picked[0] if sum(picked) == 1 else None, where[0]))
+    gold = normalize_answer(gold_list(row.get("answer"))[0])
+    if gold in ("yes", "no"):
+        return "yes/no", ("yes", "no"), int(gold == "no")
+    head, sep, tail = str(row.get("question", "")).rstrip(" ?").rpartition(" or ")
+    options = (normalize_answer(re.split(r"[,:]", head)[-1]), normalize_answer(tail))
+    where = [bool(gold) and gold in o for o in options]
+    if not sep or sum(where) != 1:
+        return "open", None, None
+    return "either-or", options, where.index(True)
 
-    def summary(rows: list, share: str, gold_share: str) -> dict:
-        named = [r[1] for r in rows if r[1] is not None]
-        return {"n": len(rows), "em": sum(r[0] for r in rows) / len(rows) if rows else None,
-                share: sum(named) / len(named) if named else None,
-                gold_share: sum(r[2] for r in rows) / len(rows) if rows else None}
 
-    return {"yes/no": summary(yn, "answered yes", "gold yes"), "either-or": summary(eo, "picked first", "gold first"),
-            "open": {"n": len(other), "em": sum(other) / len(other) if other else None}}
+def two_way_guesses(rows: list[dict], predictions: dict[str, str | None], scores: dict[str, float]) -> dict[str, dict]:
+    """How a model answers the questions that have two possible answers (`answer_options`),
+    against chance: yes/no questions: n, EM, the share answered "yes" and the share whose gold is
+    yes; either-or questions: n, EM, the share of answers naming the first option (of those naming
+    exactly one) and the share whose gold is the first; and the EM on every other question
+    ("open": the answer must be read, not picked). A policy that cannot read sits near chance on
+    the first two and GRPO moves these shares, not the EM (RESULTS.md). Rows not in `scores` are
+    left out."""
+    from seekrl.rewards.qa import normalize_answer
+
+    rows = [r for r in rows if str(r["_id"]) in scores]
+    options = {str(r["_id"]): answer_options(r) for r in rows}
+    by_kind = em_by_type(scores, {i: kind for i, (kind, _, _) in options.items()})
+    out: dict[str, dict] = {"open": by_kind.get("open", {"em": None, "n": 0})}
+    for kind, share, gold_share in (("yes/no", "answered yes", "gold yes"), ("either-or", "picked first", "gold first")):
+        golds, picks = [], []
+        for task_id, (k, two, gold) in options.items():
+            if k != kind:
+                continue
+            golds.append(gold == 0)
+            pred = normalize_answer(predictions.get(task_id) or "")
+            named = [pred == o if kind == "yes/no" else bool(pred) and pred in o for o in two]
+            if sum(named) == 1:
+                picks.append(named[0])
+        em = by_kind.get(kind, {"em": None, "n": 0})
+        out[kind] = {"n": em["n"], "em": em["em"], share: sum(picks) / len(picks) if picks else None,
+                     gold_share: sum(golds) / len(golds) if golds else None}
+    return {k: out[k] for k in ("yes/no", "either-or", "open")}
 
 
 def learning_curve(run_dir: Path) -> list[dict]:
@@ -226,23 +222,20 @@ def _dev_rows() -> list[dict]:
     return [row for _, row in builtin_rows("hotpotqa", "dev")]
 
 
-def _scores(eval_dir: Path, key: str = "score/em") -> dict[str, float]:
-    out = {}
-    for line in (eval_dir / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
-        rec = json.loads(line)
-        out[str(rec["task_id"])] = float(rec["metrics"].get(key, 0.0))
-    return out
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _predictions(eval_dir: Path) -> dict[str, str | None]:
-    """task id -> the eval's final answer (the last <answer>), None where it gave none."""
+def _eval_answers(eval_dir: Path) -> tuple[dict[str, float], dict[str, str | None]]:
+    """An eval's per-question EM (`score/em`) and final answer (the last <answer>; None without one)."""
     from seekrl.rewards.qa import extract_answer
 
-    out = {}
-    for line in (eval_dir / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
-        rec = json.loads(line)
-        out[str(rec["task_id"])] = extract_answer(str(rec.get("completion", "")))
-    return out
+    scores, answers = {}, {}
+    for rec in _read_jsonl(eval_dir / "trajectories.jsonl"):
+        task_id = str(rec["task_id"])
+        scores[task_id] = float(rec["metrics"].get("score/em", 0.0))
+        answers[task_id] = extract_answer(str(rec.get("completion", "")))
+    return scores, answers
 
 
 def _two_way_rows(res: dict) -> list[dict]:
@@ -300,6 +293,10 @@ def _results_markdown(res: dict) -> str:
     if res.get("two_way"):
         lines += ["", "Questions with two possible answers (held-out): EM, and how the answers split against the gold's split "
                   "(a policy that guesses sits near chance and moves the split):", "", markdown_table(_two_way_rows(res)).rstrip()]
+    for g in res.get("open_gains", {}).values():
+        lines += ["", f"EM gain on the open questions (an answer to read, not pick), GRPO (train.seed={g['seed']}) over SFT "
+                  f"({g['n']} questions, paired bootstrap): **{100 * g['mean']:+.1f} points**, "
+                  f"95% CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]"]
     if res.get("curve"):
         lines += ["", "Learning curve of the first seed (check questions, greedy; minutes: training time, evals not counted):", "",
                   markdown_table(res["curve"]).rstrip()]
@@ -372,9 +369,9 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     stage("3. teacher", cmd("generate", config, *gen))
     if not sft_rows.is_file():
         timed("teacher", jobs.generate, load_config(config, gen))
-        played = [json.loads(x) for p in (episodes, episodes.with_name(episodes.stem + ".rejected.jsonl")) if p.is_file()
-                  for x in p.read_text(encoding="utf-8").splitlines()]
-        gold = [json.loads(x) for x in episodes.read_text(encoding="utf-8").splitlines()]
+        gold = _read_jsonl(episodes)
+        rejected = episodes.with_name(episodes.stem + ".rejected.jsonl")
+        played = gold + (_read_jsonl(rejected) if rejected.is_file() else [])
         kept = [r for r in gold if supported_episode(r)]
         _write_jsonl(sft_rows, kept)
         teacher = {"episodes": len(played), "gold": len(gold), "kept": len(kept),
@@ -447,19 +444,26 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         m = evals[name]
         table.append({"model": label, "questions": questions, "n": int(m.get("eval/count", 0)),
                       **{col: m.get(key) for col, key in COLUMNS}})
-    scores = {name: _scores(out_dir / name / "eval") for name in ("base", "sft", *runs)}
+    answers = {name: _eval_answers(out_dir / name / "eval") for name in ("base", "sft", *runs)}
+    scores = {name: em for name, (em, _) in answers.items()}
     ids = sorted(scores["sft"])
-    kinds = question_types(files["heldout"])
+    heldout = _read_jsonl(files["heldout"])
+    kinds = question_types(heldout)
     gains = {name: {"seed": seed, **paired_bootstrap([scores["sft"][i] for i in ids], [scores[name][i] for i in ids])}
              for name, seed in runs.items()}
+    # the gain where an answer has to be read: the open questions only (answer_options)
+    open_kind = {str(r["_id"]): answer_options(r)[0] == "open" for r in heldout}
+    open_ids = [i for i in ids if open_kind.get(i)]
+    open_gains = {name: {"seed": seed, **paired_bootstrap([scores["sft"][i] for i in open_ids], [scores[name][i] for i in open_ids])}
+                  for name, seed in runs.items()} if open_ids else {}
     res = {"recipe": "hotpotqa_smollm2", "config": config, "overrides": overrides, "table": table, "evals": evals,
            "teacher": teacher, "curriculum": curriculum, "split": counts, "stage_seconds": timings,
            "train_seconds": {name: _train_seconds(out_dir / name) for name in ("sft", *runs)},
            "grpo_gain": gains[first], "grpo_gains": gains,
            "grpo_gain_mean": sum(g["mean"] for g in gains.values()) / len(gains),
            "em_by_type": {name: em_by_type(scores[name], kinds) for name in ("sft", *runs)},
-           "two_way": {name: two_way_guesses(files["heldout"], _predictions(out_dir / name / "eval"), scores[name])
-                       for name in ("sft", *runs)},
+           "two_way": {name: two_way_guesses(heldout, answers[name][1], scores[name]) for name in ("sft", *runs)},
+           "open_gains": open_gains,
            "curve": learning_curve(out_dir / first) if d.check_every > 0 else [],
            "sft_gain": paired_bootstrap([scores["base"][i] for i in sorted(scores["base"])],
                                         [scores["sft"][i] for i in sorted(scores["base"])])}

@@ -84,6 +84,12 @@ def test_recipe_runs_every_stage(recipe):
         tw = res["two_way"][name]
         assert sum(v["n"] for v in tw.values()) == 8
         assert sum((v["em"] or 0.0) * v["n"] for v in tw.values()) / 8 == pytest.approx(res["evals"][name]["eval/em"])
+    # the gain on the open questions: the same paired bootstrap, over those questions only
+    n_open = res["two_way"]["sft"]["open"]["n"]
+    for name in ("grpo", "grpo_s1"):
+        if n_open:
+            g, tw = res["open_gains"][name], res["two_way"]
+            assert g["n"] == n_open and g["mean"] == pytest.approx(tw[name]["open"]["em"] - tw["sft"]["open"]["em"])
     # the learning curve: the first seed on the curve questions at steps 0, 1 (every 1) and 2 (the last)
     curve = res["curve"]
     assert [p["step"] for p in curve] == [0, 1, 2] and curve[0]["minutes"] == 0 and curve[-1]["minutes"] > 0

@@ -156,8 +156,8 @@ def test_curriculum_counts(tmp_path):
     assert curriculum_counts(path) == {"measured": 7, "k": 8, "kept": 3, "solved_by_some_sample": 4, "solved_by_all": 1}
 
 
-def test_two_way_guesses_split_yes_no_either_or_and_open_questions(tmp_path):
-    from seekrl.recipes.hotpotqa import two_way_guesses
+def test_two_way_guesses_split_yes_no_either_or_and_open_questions():
+    from seekrl.recipes.hotpotqa import answer_options, two_way_guesses
 
     rows = [
         {"_id": "a", "question": "Are both Parodia and Thalictrum flowering plants?", "answer": "yes"},
@@ -169,15 +169,16 @@ def test_two_way_guesses_split_yes_no_either_or_and_open_questions(tmp_path):
         {"_id": "g", "question": "Is it Bach or Handel or neither?", "answer": "Leipzig"},  # gold names no option: open
         {"_id": "h", "question": "Skipped: not in the scores", "answer": "yes"},
     ]
-    path = tmp_path / "heldout.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     preds = {"a": "Yes", "b": "yes", "c": "Thom Andersen", "d": "Arachis", "e": "the Vibe", "f": "Rome", "g": None}
     scores = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0, "e": 1.0, "f": 1.0, "g": 0.0}
-    out = two_way_guesses(path, preds, scores)
+    out = two_way_guesses(rows, preds, scores)
     assert out["yes/no"] == {"n": 2, "em": 0.5, "answered yes": 1.0, "gold yes": 0.5}
     # c: gold first, picked second; d: gold second, picked second; e: gold first, picked first ("the" is normalised away)
     assert out["either-or"] == {"n": 3, "em": pytest.approx(2 / 3), "picked first": pytest.approx(1 / 3), "gold first": pytest.approx(2 / 3)}
     assert out["open"] == {"n": 2, "em": 0.5}
     # an answer naming neither option counts in the EM, not in the split
-    out = two_way_guesses(path, {**preds, "c": "Warsaw"}, scores)
+    out = two_way_guesses(rows, {**preds, "c": "Warsaw"}, scores)
     assert out["either-or"]["picked first"] == pytest.approx(1 / 2) and out["either-or"]["n"] == 3
+    assert answer_options(rows[2]) == ("either-or", ("krzysztof zanussi", "thom andersen"), 0)
+    assert answer_options(rows[4]) == ("either-or", ("vibe", "cooking light"), 0)
+    assert answer_options(rows[1]) == ("yes/no", ("yes", "no"), 1) and answer_options(rows[6])[0] == "open"
