@@ -27,7 +27,7 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 
@@ -93,6 +93,8 @@ class DemoConfig:
     """`seekrl demo --recipe hotpotqa_smollm2`: check questions of the learning curve (the first N of the check split)."""
     curriculum_questions: Annotated[int, Range(ge=0, text=">= 0 (0: GRPO on every training question)")] = 0
     """`seekrl demo --recipe hotpotqa_smollm2`: before GRPO, the SFT model's pass rate on the first N training questions (data.curriculum_k samples each, seed 0, cached in DIR/curriculum.json); every GRPO seed trains only on those it solves sometimes but not always. 0: no curriculum."""
+    grpo_questions: Literal["all", "open"] = "all"
+    """`seekrl demo --recipe hotpotqa_smollm2`: the training questions GRPO (and the curriculum) draws from: all, or open: only those whose answer has to be read from a passage (not yes/no, not "X or Y?"; `answer_options`), written to DIR/data/train_open.jsonl. A policy that cannot read answers the two-answer questions by chance, and their groups' reward spread only moves its guessing (RESULTS.md). The teacher and SFT stages use every training question either way."""
 
 
 @dataclass

@@ -20,6 +20,9 @@ by hand); a rerun with the same folder skips every stage whose output is complet
 4. base    the untrained model on the first held-out questions   (seekrl eval)
 5. sft     the warm start on the teacher's episodes, tool output masked  (seekrl sft)
 6. eval    the SFT model on the held-out questions               (seekrl eval)
+6a. open    (with `demo.grpo_questions=open`) the training questions whose answer has to be read
+           (`answer_options`: not yes/no, not "X or Y?") to DIR/data/train_open.jsonl: GRPO and
+           the curriculum draw only from them; a policy that cannot read answers the others by chance
 6b. curriculum (with `demo.curriculum_questions` N > 0) the SFT model's pass rate on the first N
            training questions, `data.curriculum_k` samples each at the GRPO temperature, seed 0
            (DIR/curriculum.json); every GRPO seed trains only on the questions solved in some but
@@ -363,6 +366,12 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     counts = {k: sum(1 for _ in f.open(encoding="utf-8")) for k, f in files.items()}
     console.print(f"split: {counts['train']} train, {counts['heldout']} held-out, {counts['check']} check questions")
     load_config(config, paths + overrides)  # the tool checks, now that the index exists
+    grpo_train = files["train"]  # what GRPO (and the curriculum) draws from: demo.grpo_questions
+    if d.grpo_questions == "open":
+        grpo_train = data_dir / "train_open.jsonl"
+        _write_jsonl(grpo_train, [r for r in _read_jsonl(files["train"]) if answer_options(r)[0] == "open"])
+        counts["train_open"] = sum(1 for _ in grpo_train.open(encoding="utf-8"))
+        console.print(f"GRPO trains on the {counts['train_open']} open training questions (demo.grpo_questions=open)")
 
     episodes, sft_rows = out_dir / "teacher.jsonl", out_dir / "teacher_sft.jsonl"
     gen = [*paths, *overrides, "data.eval=null", "generate.endpoint=teacher", f"generate.out={episodes}", f"generate.n={d.teacher_n}"]
@@ -406,7 +415,8 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     if d.curriculum_questions > 0:
         cache = out_dir / "curriculum.json"
         curriculum_over = [f"data.max_train={d.curriculum_questions}", f"data.curriculum={cache}", "data.curriculum_seed=0"]
-        cur_over = [*paths, *overrides, f"model.path={sft_model}", *curriculum_over, "data.eval=null", "log.name=curriculum"]
+        cur_over = [*paths, *overrides, f"model.path={sft_model}", f"data.train={grpo_train}", *curriculum_over,
+                    "data.eval=null", "log.name=curriculum"]
         stage("6b. curriculum", cmd("curriculum", config, *cur_over))
         if cache.is_file():  # measured before: its key is checked (another model or setting measures again)
             jobs.curriculum(load_config(config, cur_over))
@@ -421,7 +431,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         name = "grpo" if i == 0 else f"grpo_s{seed}"
         curve = i == 0 and d.check_every > 0  # the first seed's learning curve on the check questions
         rl_over = [*paths, *overrides, f"model.path={sft_model}", f"train.seed={seed}", f"log.name={name}", "train.resume=auto",
-                   *curriculum_over,
+                   f"data.train={grpo_train}", *curriculum_over,
                    *([f"data.eval={files['curve']}", f"eval.every={d.check_every}"] if curve else ["data.eval=null"])]
         rl_cfg = load_config(config, rl_over)
         rl_model = out_dir / name / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"

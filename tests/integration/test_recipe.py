@@ -150,3 +150,31 @@ def test_more_grpo_steps_continue_from_the_checkpoint_and_evaluate_the_new_model
     res = json.loads((recipe / "results.json").read_text())
     assert res["evals"]["grpo"] == json.loads((recipe / "grpo" / "eval" / "eval.json").read_text())
     assert [p["step"] for p in res["curve"]] == [0, 1, 2, 3]
+
+
+def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path):
+    """demo.grpo_questions=open: GRPO trains on DIR/data/train_open.jsonl, the training questions
+    whose answer has to be read (answer_options 'open'); the teacher and SFT stages are reused."""
+    import shutil
+
+    from seekrl.recipes.hotpotqa import answer_options
+
+    out = tmp_path / "open"
+    shutil.copytree(recipe, out, ignore=shutil.ignore_patterns("grpo*", "again_*", "check", "results.*", "report*"))
+    for f in out.rglob("*.yaml"):
+        f.write_text(f.read_text().replace(str(recipe), str(out)))
+    before = json.loads((out / "stage_seconds.json").read_text())
+    assert main(["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *SMALL, "demo.grpo_seeds=[0]",
+                 "demo.check_every=0", "demo.grpo_questions=open"]) == 0
+    after = json.loads((out / "stage_seconds.json").read_text())
+    assert {k: after[k] for k in ("index", "teacher", "sft")} == {k: before[k] for k in ("index", "teacher", "sft")}
+
+    train = _lines(out / "data" / "train.jsonl")
+    kinds = {r["_id"]: answer_options(r)[0] for r in train}
+    assert {"yes/no", "either-or", "open"} <= set(kinds.values())
+    opened = _lines(out / "data" / "train_open.jsonl")
+    assert opened == [r for r in train if kinds[r["_id"]] == "open"]
+    assert json.loads((out / "results.json").read_text())["split"]["train_open"] == len(opened)
+    assert f"train: {out / 'data' / 'train_open.jsonl'}" in (out / "grpo" / "config.yaml").read_text()
+    drawn = {r["task_id"] for f in (out / "grpo" / "trajectories").glob("*.jsonl") for r in _lines(f)}
+    assert drawn and all(kinds[i] == "open" for i in drawn)
