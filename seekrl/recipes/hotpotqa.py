@@ -366,12 +366,6 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     counts = {k: sum(1 for _ in f.open(encoding="utf-8")) for k, f in files.items()}
     console.print(f"split: {counts['train']} train, {counts['heldout']} held-out, {counts['check']} check questions")
     load_config(config, paths + overrides)  # the tool checks, now that the index exists
-    grpo_train = files["train"]  # what GRPO (and the curriculum) draws from: demo.grpo_questions
-    if d.grpo_questions == "open":
-        grpo_train = data_dir / "train_open.jsonl"
-        _write_jsonl(grpo_train, [r for r in _read_jsonl(files["train"]) if answer_options(r)[0] == "open"])
-        counts["train_open"] = sum(1 for _ in grpo_train.open(encoding="utf-8"))
-        console.print(f"GRPO trains on the {counts['train_open']} open training questions (demo.grpo_questions=open)")
 
     episodes, sft_rows = out_dir / "teacher.jsonl", out_dir / "teacher_sft.jsonl"
     gen = [*paths, *overrides, "data.eval=null", "generate.endpoint=teacher", f"generate.out={episodes}", f"generate.n={d.teacher_n}"]
@@ -410,6 +404,15 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     if not (sft_model / "config.json").is_file():
         timed("sft", jobs.sft, load_config(config, sft_over))
     evals["sft"] = evaluate("sft", str(sft_model), "heldout")
+
+    grpo_train = files["train"]  # what GRPO (and the curriculum) draws from: demo.grpo_questions
+    if d.grpo_questions == "open":
+        grpo_train = data_dir / "train_open.jsonl"
+        stage("6a. open", f"the open questions of {files['train']} (answer_options) -> {grpo_train}")
+        opened = [r for r in _read_jsonl(files["train"]) if answer_options(r)[0] == "open"]
+        _write_jsonl(grpo_train, opened)
+        counts["train_open"] = len(opened)
+        console.print(f"GRPO trains on the {len(opened)} open training questions (demo.grpo_questions=open)")
 
     curriculum_over, curriculum = [], None  # every GRPO seed trains on the questions of one measured curriculum
     if d.curriculum_questions > 0:
