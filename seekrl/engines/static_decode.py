@@ -19,8 +19,16 @@ batch of engines/sampling.py decodes:
   lengths), so compiling would slow every short run. The static cache alone, eager, is faster
   than the growing one (no copy of the whole cache per step: 64 rows, 118-token prompts, 64 new
   tokens: 8.7k vs 6.7k tokens/s). On CUDA each bucket is compiled once it has served
-  `AUTO_COMPILE_AFTER` decode steps eagerly (a short run never waits for a compile); CUDA is not
-  measured here (transformers' generate() compiles a static-cache decode on CUDA by default).
+  `AUTO_COMPILE_AFTER` decode steps eagerly: the break-even, so that a bucket pays for its
+  compile only once it has shown it is used that much (the ski-rental rule: never worse than
+  twice the better choice made in hindsight). Measured on one H100 (bench/compiled_decode.py
+  --device cuda, SmolLM2-135M, 32 rows, 200-token prompts + 40 tokens, torch 2.11, cold inductor
+  cache): one bucket compiles in 46.6 s, then a step takes 18.8 instead of 39.3 ms, so the compile
+  pays back after ~2,270 steps of that bucket. The HotpotQA recipe's GRPO decodes ~80 steps a
+  GRPO step over 9 buckets, the busiest ~16 (counted on CPU over 4 steps): with the earlier
+  threshold of 256 its buckets reached it from GRPO step ~16 on and compiled one after the other,
+  ~47 s each, and the stage stood still for minutes (RESULTS.md, the recipe on a GPU); with 2048
+  a 20-step run compiles nothing and a long run its busiest buckets after ~130 steps.
 
 How the static cache keeps the batch's semantics: rows are left-padded to a common length L, as in
 the DynamicCache path, so every row writes its next token at the same column L; the attention mask
@@ -52,7 +60,7 @@ log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("auto", "true", "false")
 MIN_ROWS = 4
-AUTO_COMPILE_AFTER = 256  # decode steps a bucket serves eagerly before "auto" compiles it (CUDA only)
+AUTO_COMPILE_AFTER = 2048  # decode steps a bucket serves eagerly before "auto" compiles it (CUDA only; the break-even)
 
 
 def rows_bucket(n: int) -> int:

@@ -9,8 +9,9 @@ by hand); a rerun with the same folder skips every stage whose output is complet
 2. split   dev_distractor.jsonl, split by a fixed hash of each row's `_id` (`hotpotqa_split`):
            `demo.eval_questions` held-out questions (DIR/data/heldout.jsonl; its first
            `demo.base_questions` are DIR/data/base.jsonl), `demo.check_questions` check questions
-           (DIR/data/check.jsonl), the rest to train on (DIR/data/train.jsonl). SFT and GRPO see
-           only the train file.
+           (DIR/data/check.jsonl; its open questions, `answer_options`, also in
+           DIR/data/check_open.jsonl), the rest to train on (DIR/data/train.jsonl). SFT and GRPO
+           see only the train file.
 3. teacher the scripted teacher (data/teacher.py, `first_query: question`) plays each train
            question with the real search tool: the question as its first query, the title of each
            gold paragraph still missing (the bridge entity) next, then the answer. Episodes whose
@@ -300,6 +301,9 @@ def _results_markdown(res: dict) -> str:
         lines += ["", f"EM gain on the open questions (an answer to read, not pick), GRPO (train.seed={g['seed']}) over SFT "
                   f"({g['n']} questions, paired bootstrap): **{100 * g['mean']:+.1f} points**, "
                   f"95% CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]"]
+    if res.get("ceiling_command"):
+        lines += ["", "What GRPO could sharpen at most: the SFT policy's pass@k on the open check questions (8 samples each at the "
+                  f"GRPO temperature; a question no sample solves has no reward spread to learn from): `{res['ceiling_command']}`"]
     if res.get("curve"):
         lines += ["", "Learning curve of the first seed (check questions, greedy; minutes: training time, evals not counted):", "",
                   markdown_table(res["curve"]).rstrip()]
@@ -331,7 +335,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     out_dir = Path(out)
     config = str(config or DEFAULT_CONFIG)
     index_dir, data_dir = out_dir / "index", out_dir / "data"
-    files = {k: data_dir / f"{k}.jsonl" for k in ("train", "heldout", "check", "base", "curve")}
+    files = {k: data_dir / f"{k}.jsonl" for k in ("train", "heldout", "check", "base", "curve", "check_open")}
     paths = [f"data.train={files['train']}", f"data.eval={files['heldout']}", f"tools.retriever={index_dir}", f"log.dir={out_dir}"]
     overrides = list(overrides)
     cfg0 = load_config(config, paths + overrides + ["tools.format=null"])  # a bad config fails before anything runs
@@ -361,6 +365,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         split = hotpotqa_split(_dev_rows(), d.eval_questions, d.check_questions)
         split["base"] = split["heldout"][:d.base_questions]
         split["curve"] = split["check"][:d.curve_questions]
+        split["check_open"] = [r for r in split["check"] if answer_options(r)[0] == "open"]  # what sampling can sharpen
         for k, rows in split.items():
             _write_jsonl(files[k], rows)
     counts = {k: sum(1 for _ in f.open(encoding="utf-8")) for k, f in files.items()}
@@ -477,6 +482,9 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
            "em_by_type": {name: em_by_type(scores[name], kinds) for name in ("sft", *runs)},
            "two_way": {name: two_way_guesses(heldout, answers[name][1], scores[name]) for name in ("sft", *runs)},
            "open_gains": open_gains,
+           "ceiling_command": shlex.join(["seekrl", "eval", str(out_dir / "sft" / "config.yaml"), f"model.path={sft_model}",
+                                          f"data.eval={files['check_open']}", "log.name=sft_passk", "eval.n=8",
+                                          f"eval.temperature={cfg0.rollout.temperature}"]),
            "curve": learning_curve(out_dir / first) if d.check_every > 0 else [],
            "sft_gain": paired_bootstrap([scores["base"][i] for i in sorted(scores["base"])],
                                         [scores["sft"][i] for i in sorted(scores["base"])])}

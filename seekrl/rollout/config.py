@@ -36,7 +36,7 @@ class RolloutConfig:
     reuse_kv_tokens: Annotated[int, Range(ge=0, text=">= 0 (0: every turn prefills its whole history)")] = 0
     """In-process engine: keep the keys and values of finished requests, up to this many tokens, so the next turn of a multi-turn episode prefills only its new tokens (the tool output); emptied at every weight update (engines/prefix_kv.py)."""
     compile: Literal["auto", "true", "false"] = "auto"
-    """Local engine decode: false (growing KV cache, eager) | true (static KV cache, torch.compile per shape bucket; falls back to eager with a warning) | auto (static KV cache; on CUDA a shape is compiled once it served 256 steps; on CPU never compiled, where a 20-50 s compile per shape repays only after ~20k+ tokens)."""
+    """Local engine decode: false (growing KV cache, eager) | true (static KV cache, torch.compile per shape bucket; falls back to eager with a warning) | auto (static KV cache; on CUDA a shape is compiled once it served 2048 decode steps, about where its ~47 s compile pays back; on CPU never compiled, where a 20-50 s compile per shape repays only after ~20k+ tokens)."""
     max_turns: int = 4
     """Tool turns per episode (with tools.format); then one last turn without tools."""
     max_obs_tokens: int = 512

@@ -42,6 +42,10 @@ def test_recipe_runs_every_stage(recipe):
     ids = {k: {r["_id"] for r in v} for k, v in data.items()}
     assert ids["base"] <= ids["heldout"] and not ids["heldout"] & ids["train"] and not ids["check"] & ids["train"]
     assert not ids["heldout"] & ids["check"]
+    from seekrl.recipes.hotpotqa import answer_options
+
+    opened = _lines(out / "data" / "check_open.jsonl")  # the check questions whose answer has to be read, in order
+    assert opened == [r for r in data["check"] if answer_options(r)[0] == "open"] and 0 < len(opened) < len(data["check"])
 
     # the teacher: only train questions; kept episodes answer the gold answer, supported by a passage
     kept = _lines(out / "teacher_sft.jsonl")
@@ -104,6 +108,9 @@ def test_recipe_runs_every_stage(recipe):
     assert "95% CI" in md and "| total |" in md and "after GRPO, check questions" in md
     assert "GRPO (train.seed=1) over SFT" in md and "Mean EM gain" in md and "Learning curve" in md and "bridge EM" in md
     assert "open EM (n=" in md
+    ceiling = res["ceiling_command"]  # the pass@k ceiling, one command on the open check questions
+    assert f"data.eval={out / 'data' / 'check_open.jsonl'}" in ceiling and "eval.n=8" in ceiling and ceiling in md
+    assert f"model.path={out / 'sft' / 'checkpoints' / 'step_2' / 'model'}" in ceiling
     page = (out / "report.html").read_text()
     assert page.index("Held-out questions before and after each stage") < page.index("Learning curve") < page.index("<details")
 
