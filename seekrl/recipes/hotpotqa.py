@@ -17,7 +17,8 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            gold paragraph still missing (the bridge entity) next, then the answer. Episodes whose
            answer is not the gold answer are dropped (`generate.min_reward`), and so are those
            whose answer no retrieved passage contains (yes/no answers excepted): the student could
-           only learn to guess from them.                       (seekrl generate, endpoint=teacher)
+           only learn to guess from them. Both are judged by the search_r1 reward's parts (em,
+           retrieved_gold), whatever `reward.functions` GRPO is given. (seekrl generate, endpoint=teacher)
 4. base    the untrained model on the first held-out questions   (seekrl eval)
 5. sft     the warm start on the teacher's episodes, tool output masked  (seekrl sft)
 6. eval    the SFT model on the held-out questions               (seekrl eval)
@@ -37,7 +38,7 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            (`answer_options`, `two_way_guesses`)) and
            DIR/report.html (plots of the GRPO run first)  (seekrl report)
 
-A longer budget is the same command with more steps (`train.steps=40`, `demo.sft_steps=60`): the
+A longer budget is the same command with more steps (`train.steps=30`, `demo.sft_steps=140`): the
 trained stage resumes from its last checkpoint, and the evals after it run again on the new one.
 
 Every run folder (DIR/sft, DIR/grpo) holds its resolved config.yaml, and
@@ -373,7 +374,9 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     load_config(config, paths + overrides)  # the tool checks, now that the index exists
 
     episodes, sft_rows = out_dir / "teacher.jsonl", out_dir / "teacher_sft.jsonl"
-    gen = [*paths, *overrides, "data.eval=null", "generate.endpoint=teacher", f"generate.out={episodes}", f"generate.n={d.teacher_n}"]
+    # the teacher's episodes are kept by search_r1's parts (em, retrieved_gold), whatever reward GRPO is given
+    gen = [*paths, *overrides, "data.eval=null", "generate.endpoint=teacher", f"generate.out={episodes}", f"generate.n={d.teacher_n}",
+           "reward.functions=[search_r1]"]
     stage("3. teacher", cmd("generate", config, *gen))
     if not sft_rows.is_file():
         timed("teacher", jobs.generate, load_config(config, gen))
