@@ -35,7 +35,7 @@ from seekrl.engines.weights import write_weights
 from seekrl.errors import CheckpointError, ConfigError
 from seekrl.evaluate import EvalRun
 from seekrl.generate import GenerateRun, OpenAIChatEngine
-from seekrl.models import ModelConfig, load_policy, make_value_model, seed_everything
+from seekrl.models import ModelConfig, load_policy, make_value_model, seed_everything, unwrap_peft
 from seekrl.observe.config import run_dir as run_folder_of
 from seekrl.parallel.controller import FollowerRollout, LeaderRollout
 from seekrl.parallel.fsdp import is_sharded, shard_model
@@ -48,12 +48,15 @@ from seekrl.rollout.executor import make_rollout
 from seekrl.train.agreement import AgreementCheck
 from seekrl.train.batching import FORWARD_METHODS
 from seekrl.train.compute import set_autocast
+from seekrl.train.packing import can_pack
+from seekrl.train.plan import MicroBatchPlan
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
+from seekrl.train.ptx import PtxAnchor
 from seekrl.train.rl import RLRun
 from seekrl.train.sft import SFTRun, load_sft_rows, tiny_texts, tokenize_examples
 from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher, teacher_folder, teacher_plan, tokenizer_problem
 
-__all__ = ["run_folder", "sampler_settings", "build_workflow", "build_rl", "policy_trainer", "critic_trainer", "build_eval",
+__all__ = ["run_folder", "sampler_settings", "build_workflow", "build_rl", "policy_trainer", "ptx_anchor", "critic_trainer", "build_eval",
            "build_curriculum", "curriculum_cache_key", "curriculum_seed", "eval_in_flight", "build_sft", "build_generate",
            "write_initial_weights", "local_engine", "check_teacher", "build_teacher", "check_chat_template", "check_agent"]
 
@@ -227,6 +230,7 @@ def build_rl(cfg: Config) -> RLRun:
                           "add one (e.g. retrieved_gold_turn) or set algo.turn_advantage=false")
     check_chat_template(cfg)
     check_agent(cfg)
+    ptx_rows = load_sft_rows(cfg.data.ptx) if cfg.algo.ptx_coef > 0 else None  # a bad row fails before the model loads
     tasks = _task_sets(cfg, curriculum=True)
     ranks = init_ranks(t.dist_backend, t.fsdp, t.dist_timeout_s, lora=m.lora_r > 0, device=m.device)
     run_dir = run_folder(cfg, write=ranks.is_main)
@@ -242,7 +246,8 @@ def build_rl(cfg: Config) -> RLRun:
     else:
         tasks.eval = []  # rank 0 evaluates
     try:
-        return _assemble_rl(cfg, run_dir, tasks, model, tokenizer, full_model, engine, workflow, rubric, ranks)
+        ptx = ptx_anchor(cfg, ptx_rows, model, tokenizer) if ptx_rows else None
+        return _assemble_rl(cfg, run_dir, tasks, model, tokenizer, full_model, engine, workflow, rubric, ranks, ptx)
     except BaseException:
         if engine is not None:
             engine.close()  # servers started above stop
@@ -258,8 +263,18 @@ def _shard(model: torch.nn.Module, cfg: Config, ranks: Ranks) -> torch.nn.Module
     return shard_model(model, ranks, cfg.train.mixed_precision, FORWARD_METHODS)
 
 
+def ptx_anchor(cfg: Config, rows: list, model, tokenizer) -> PtxAnchor:
+    """PPO-ptx's examples (data.ptx, tokenized as `seekrl sft` does; longer than model.max_context:
+    dropped and counted), drawn data.ptx_batch at a time, in micro-batches of train.micro_batch_tokens."""
+    t = cfg.train
+    examples = tokenize_examples(tokenizer, rows, cfg.model.max_context, "data.ptx")
+    plan = MicroBatchPlan(t.micro_batch_tokens, tokenizer.pad_token_id, next(model.parameters()).device,
+                          pack=t.packing and can_pack(unwrap_peft(model)))
+    return PtxAnchor(examples, coef=cfg.algo.ptx_coef, batch=cfg.data.ptx_batch, seed=t.seed, plan=plan)
+
+
 def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, full_model, engine: InferenceEngine | None,
-                 workflow: Workflow | None, rubric: Rubric, ranks: Ranks) -> RLRun:
+                 workflow: Workflow | None, rubric: Rubric, ranks: Ranks, ptx: PtxAnchor | None = None) -> RLRun:
     t, a, r = cfg.train, cfg.algo, cfg.rollout
     ref_model = None
     if a.kl_coef > 0 and cfg.model.lora_r == 0:
@@ -272,7 +287,7 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
         and t.mixed_precision != "bf16"  # the trainer computes in bf16: its log-probs are not the fp32 engine's
     )
     trainer = policy_trainer(cfg, model, tokenizer.pad_token_id, ref_model=ref_model, ranks=ranks,
-                             correction=mismatch_correction(a, exact))
+                             correction=mismatch_correction(a, exact), ptx=ptx)
     critic = critic_trainer(cfg, _shard(value_model, cfg, ranks), tokenizer.pad_token_id, ranks=ranks) if value_model else None
     teacher = build_teacher(cfg, tokenizer, tasks.tiny_texts, ranks)
     kl_ctl = AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target is not None else FixedKLController(a.kl_coef)
@@ -367,13 +382,13 @@ def mismatch_correction(a: AlgoConfig, exact: bool) -> Correction | None:
 
 
 def policy_trainer(cfg: Config, model, pad_id: int, *, total_steps: int | None = None, ref_model=None,
-                   ranks: Ranks | None = None, correction: Correction | None = None) -> PolicyTrainer:
+                   ranks: Ranks | None = None, correction: Correction | None = None, ptx: PtxAnchor | None = None) -> PolicyTrainer:
     """The policy update of `train.*` / `algo.*`, scoring at rollout.temperature (the lr schedule
     counts `total_steps`, default train.steps)."""
     r = cfg.rollout
     return PolicyTrainer(model, cfg.train, cfg.algo, pad_id=pad_id, temperature=r.temperature, norm_tokens=r.max_new_tokens,
                          total_steps=cfg.train.steps if total_steps is None else total_steps, ref_model=ref_model, ranks=ranks,
-                         correction=correction)
+                         correction=correction, ptx=ptx)
 
 
 def critic_trainer(cfg: Config, value_model, pad_id: int, *, total_steps: int | None = None,

@@ -95,6 +95,8 @@ class DemoConfig:
     """`seekrl demo --recipe hotpotqa_smollm2`: before GRPO, the SFT model's pass rate on the first N training questions (data.curriculum_k samples each, seed 0, cached in DIR/curriculum.json); every GRPO seed trains only on those it solves sometimes but not always. 0: no curriculum."""
     grpo_questions: Literal["all", "open"] = "all"
     """`seekrl demo --recipe hotpotqa_smollm2`: the training questions GRPO (and the curriculum) draws from: all, or open: only those whose answer has to be read from a passage (not yes/no, not "X or Y?"; `answer_options`), written to DIR/data/train_open.jsonl. A policy that cannot read answers the two-answer questions by chance, and their groups' reward spread only moves its guessing (RESULTS.md). The teacher and SFT stages use every training question either way."""
+    ptx_coef: Annotated[float, Range(ge=0, text="a finite number >= 0 (0: no PPO-ptx)")] = 0.0
+    """`seekrl demo --recipe hotpotqa_smollm2`: the GRPO stages add PPO-ptx (algo.ptx_coef, train/ptx.py) on the teacher's kept episodes of the training questions GRPO does not draw (with demo.grpo_questions=open: the yes/no and "X or Y?" ones; with all: every kept episode), written to DIR/data/ptx.jsonl: SFT's behaviour held where GRPO does not train. 0: off."""
 
 
 @dataclass
@@ -225,6 +227,12 @@ def _check_between(cfg: Config) -> None:
     for key, on in (("algo.turn_advantage=true", a.turn_advantage), (f"algo.turn_gamma={a.turn_gamma:g}", a.turn_gamma != 1)):
         if on and a.name not in GROUP_ALGOS:
             raise ConfigError(f"{key} acts on a group baseline's advantage, which algo.name={a.name} has not; use grpo, dr_grpo or rloo, or drop it")
+    if a.ptx_coef > 0 and not cfg.data.ptx:
+        raise ConfigError(f"algo.ptx_coef={a.ptx_coef:g} weighs a supervised loss on data.ptx, which is not set; name a file of "
+                          "conversations or episodes (data.ptx=episodes.jsonl) or set algo.ptx_coef=0")
+    if cfg.data.ptx and a.ptx_coef == 0:
+        raise ConfigError(f"data.ptx={cfg.data.ptx} is set but algo.ptx_coef=0 gives its loss no weight; set algo.ptx_coef "
+                          "(e.g. 0.2) or drop data.ptx")
     c = cfg.cluster
     if c.engine_servers and e.servers:  # (engine.urls may be set: a launched run's saved config has them; launch replaces them)
         raise ConfigError(f"cluster.engine_servers={c.engine_servers} and engine.servers={e.servers} are both set; "

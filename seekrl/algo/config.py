@@ -79,6 +79,8 @@ class AlgoConfig:
     """Adaptive KL: target KL per step (Ziegler et al.); none keeps the coefficient fixed."""
     kl_horizon: int = 10000
     """Adaptive KL horizon."""
+    ptx_coef: Annotated[float, Range(ge=0, text="a finite number >= 0 (e.g. 0.2; 0: off)")] = 0.0
+    """PPO-ptx (InstructGPT): weight of the supervised loss (token-mean cross-entropy) on data.ptx's examples added to every policy update, holding chosen behaviour where RL does not train (train/ptx.py); 0: off."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (entropy is always logged)."""
     gamma: Annotated[float, Range(ge=0, le=1)] = 1.0

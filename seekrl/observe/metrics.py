@@ -82,6 +82,8 @@ METRICS: dict[str, tuple[str, str]] = {
     # the update (train/policy.py)
     "loss/policy": ("rl", "policy loss of the step (minibatch-weighted)"),
     "loss/kl": ("rl", "KL loss term (algo.kl_in=loss, algo.kl_coef > 0)"),
+    "loss/ptx": ("rl", "PPO-ptx: token-mean cross-entropy of the step's data.ptx examples (algo.ptx_coef > 0; weighted by it in the loss)"),
+    "ptx/tokens": ("rl", "PPO-ptx: trained tokens of the step's data.ptx examples"),
     "loss/value": ("rl", "PPO critic's clipped value loss"),
     "actor/clip_frac": ("rl", "fraction of trained tokens whose ratio was clipped"),
     "actor/clip_frac_low": ("rl", "clipped below 1 - clip_low"),

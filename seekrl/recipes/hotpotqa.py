@@ -29,6 +29,10 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            training questions, `data.curriculum_k` samples each at the GRPO temperature, seed 0
            (DIR/curriculum.json); every GRPO seed trains only on the questions solved in some but
            not all samples, where a group's rewards are likely to differ (seekrl curriculum)
+6c. ptx     (with `demo.ptx_coef` > 0) the teacher's kept episodes of the training questions GRPO
+           does not draw (the two-answer ones with `demo.grpo_questions=open`) to
+           DIR/data/ptx.jsonl: every GRPO update adds their SFT loss (PPO-ptx, train/ptx.py), so
+           GRPO on the open questions keeps SFT's behaviour on the others
 7. grpo    GRPO with search from the SFT checkpoint              (seekrl train)
 8. eval    the GRPO model on the held-out questions, then on the check questions (seekrl eval)
 9. report  DIR/results.json, DIR/results.md (EM, F1, searches per question, well-formed episodes,
@@ -437,12 +441,25 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         console.print(f"curriculum: {curriculum['kept']} of {curriculum['measured']} training questions solved in some but not all "
                       f"of {curriculum['k']} samples")
 
+    ptx_over = []  # PPO-ptx: SFT's episodes of the questions GRPO does not draw hold their behaviour (train/ptx.py)
+    if d.ptx_coef > 0:
+        ptx_file = data_dir / "ptx.jsonl"
+        stage("6c. ptx", f"the teacher's kept episodes of the training questions not in {grpo_train} -> {ptx_file}")
+        drawn = {str(r["_id"]) for r in _read_jsonl(grpo_train)}
+        held = [r for r in _read_jsonl(sft_rows) if str(r["id"]) not in drawn] if grpo_train != files["train"] else _read_jsonl(sft_rows)
+        if not held:
+            raise ValueError(f"demo.ptx_coef={d.ptx_coef:g}: no kept teacher episode outside {grpo_train} to hold; set demo.ptx_coef=0")
+        _write_jsonl(ptx_file, held)
+        counts["ptx"] = len(held)
+        ptx_over = [f"data.ptx={ptx_file}", f"algo.ptx_coef={d.ptx_coef}"]
+        console.print(f"PPO-ptx: {len(held)} teacher episodes at weight {d.ptx_coef:g} in every GRPO update (demo.ptx_coef)")
+
     runs = {}  # GRPO run name -> its seed: one run per demo.grpo_seeds, all from the SFT checkpoint
     for i, seed in enumerate(d.grpo_seeds):
         name = "grpo" if i == 0 else f"grpo_s{seed}"
         curve = i == 0 and d.check_every > 0  # the first seed's learning curve on the check questions
         rl_over = [*paths, *overrides, f"model.path={sft_model}", f"train.seed={seed}", f"log.name={name}", "train.resume=auto",
-                   f"data.train={grpo_train}", *curriculum_over,
+                   f"data.train={grpo_train}", *curriculum_over, *ptx_over,
                    *([f"data.eval={files['curve']}", f"eval.every={d.check_every}"] if curve else ["data.eval=null"])]
         rl_cfg = load_config(config, rl_over)
         rl_model = out_dir / name / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"

@@ -33,6 +33,7 @@ from seekrl.train.config import TrainConfig
 from seekrl.train.optim import NonFiniteGuard, finite_everywhere, make_optimizer, minibatch_indices, step_scheduler
 from seekrl.train.packing import can_pack
 from seekrl.train.plan import MicroBatchPlan
+from seekrl.train.ptx import PtxAnchor
 
 __all__ = ["PolicyTrainer", "CriticTrainer", "Minibatch"]
 
@@ -56,15 +57,18 @@ class PolicyTrainer:
     """The policy update; `logprobs` / `ref_logprobs` score a batch without gradient."""
 
     def __init__(self, model, train: TrainConfig, algo: AlgoConfig, *, pad_id: int, temperature: float, norm_tokens: int,
-                 total_steps: int, ref_model=None, ranks: Ranks | None = None, correction: Correction | None = None):
+                 total_steps: int, ref_model=None, ranks: Ranks | None = None, correction: Correction | None = None,
+                 ptx: PtxAnchor | None = None):
         """`temperature`: the sampling temperature the log-probs are taken at; `norm_tokens`: the
         constant of algo.loss_agg=seq-mean-token-sum-norm (rollout.max_new_tokens). Several `ranks`:
-        `model` (and `ref_model`) are sharded over them (parallel/fsdp.py)."""
+        `model` (and `ref_model`) are sharded over them (parallel/fsdp.py). `ptx`: PPO-ptx's
+        supervised examples, whose loss joins every optimizer step's gradient (train/ptx.py)."""
         self.model, self.train, self.algo = model, train, algo.resolved()  # (idempotent: a Config built in code too)
         self.correction = correction  # engine/trainer mismatch weights (algo/mismatch.py); None: off
         self.temperature, self.norm_tokens = temperature, norm_tokens
         self.ranks = ranks or Ranks()
         self.ref_model = ref_model
+        self.ptx = ptx
         self.device = next(model.parameters()).device
         self.optimizer, self.scheduler = make_optimizer(model.parameters(), train.lr, train, total_steps)
         self.gen = torch.Generator().manual_seed(train.seed)
@@ -122,6 +126,8 @@ class PolicyTrainer:
                 finite = self._micro_step(mb, batch, mini, stats) and finite
                 if not finite and not self.ranks.distributed:
                     break  # its step is skipped anyway (every rank runs all its micro-batches: FSDP's collectives)
+            if self.ptx is not None and (finite or self.ranks.distributed):  # PPO-ptx: the supervised loss joins this step's gradient
+                finite = self.guard.finite({"loss/ptx": self.ptx.backward(self.model, stats)}) and finite
             finite = finite_everywhere(finite, self.guard, self.ranks)
             if finite:
                 sync_gradients(self.model, self.ranks)

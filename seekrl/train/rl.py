@@ -16,7 +16,8 @@ this same loop: rank 0 rolls out and logs, every rank receives the batch and com
 of the log-probs and gradients on a policy sharded with FSDP2 (parallel/, train/plan.py). The
 algorithm is `algo.name`; PPO adds a critic; a reference model exists only when
 `algo.kl_coef > 0`; on-policy distillation (`algo.name=distill`, or `algo.distill_coef` with
-another estimator) adds a teacher that scores the sampled tokens (train/teacher.py). Old
+another estimator) adds a teacher that scores the sampled tokens (train/teacher.py); PPO-ptx
+(`algo.ptx_coef`, `data.ptx`) adds a supervised loss to each policy update (train/ptx.py). Old
 log-probs are the engine's when the engine's are exact for the trainer's weights
 (engines/base.py), otherwise they are recomputed. A run folder holds
 config.yaml, metrics.jsonl, tensorboard/, trajectories/step_<N>.jsonl and
@@ -285,6 +286,7 @@ def checkpoint(rl: RLRun, step: int) -> Path | None:
         "critic_gen": critic.gen.get_state().tolist() if critic else None,
         "critic_sched": _sched_state(critic.scheduler) if critic else None,
         "nonfinite": rl.trainer.guard.state_dict(),
+        "ptx": rl.trainer.ptx.state_dict() if rl.trainer.ptx else None,  # PPO-ptx: the examples drawn so far
     }
     # one process: the usual folder; several ranks: rank 0 writes the whole model, each rank its
     # optimizer shard (train/checkpoint.py save_ranks_checkpoint)
@@ -321,4 +323,6 @@ def resume(rl: RLRun) -> int:
         critic.gen.set_state(torch.tensor(state["critic_gen"], dtype=torch.uint8))
         critic.scheduler.load_state_dict({**state["critic_sched"], "lr_lambdas": [None]})
     rl.trainer.guard.load_state_dict(state.get("nonfinite") or {})
+    if rl.trainer.ptx:
+        rl.trainer.ptx.load_state_dict(state.get("ptx") or {})
     return int(state["step"])

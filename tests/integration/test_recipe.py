@@ -161,7 +161,9 @@ def test_more_grpo_steps_continue_from_the_checkpoint_and_evaluate_the_new_model
 
 def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path):
     """demo.grpo_questions=open: GRPO trains on DIR/data/train_open.jsonl, the training questions
-    whose answer has to be read (answer_options 'open'); the teacher and SFT stages are reused."""
+    whose answer has to be read (answer_options 'open'); the teacher and SFT stages are reused. With
+    demo.ptx_coef, every GRPO update adds the SFT loss of the teacher's kept episodes of the other
+    training questions (DIR/data/ptx.jsonl, PPO-ptx)."""
     import shutil
 
     from seekrl.recipes.hotpotqa import answer_options
@@ -172,7 +174,7 @@ def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path)
         f.write_text(f.read_text().replace(str(recipe), str(out)))
     before = json.loads((out / "stage_seconds.json").read_text())
     assert main(["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *SMALL, "demo.grpo_seeds=[0]",
-                 "demo.check_every=0", "demo.grpo_questions=open"]) == 0
+                 "demo.check_every=0", "demo.grpo_questions=open", "demo.ptx_coef=0.5"]) == 0
     after = json.loads((out / "stage_seconds.json").read_text())
     assert {k: after[k] for k in ("index", "teacher", "sft")} == {k: before[k] for k in ("index", "teacher", "sft")}
 
@@ -185,3 +187,10 @@ def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path)
     assert f"train: {out / 'data' / 'train_open.jsonl'}" in (out / "grpo" / "config.yaml").read_text()
     drawn = {r["task_id"] for f in (out / "grpo" / "trajectories").glob("*.jsonl") for r in _lines(f)}
     assert drawn and all(kinds[i] == "open" for i in drawn)
+    held = _lines(out / "data" / "ptx.jsonl")
+    assert held == [r for r in _lines(out / "teacher_sft.jsonl") if kinds[r["id"]] != "open"] and held
+    config = (out / "grpo" / "config.yaml").read_text()
+    assert f"ptx: {out / 'data' / 'ptx.jsonl'}" in config and "ptx_coef: 0.5" in config
+    metrics = [r for r in _lines(out / "grpo" / "metrics.jsonl") if r["step"] > 0]
+    updated = [r for r in metrics if "loss/ptx" in r]  # steps where a group had reward spread (algo.filter_zero_std)
+    assert metrics and all(r["loss/ptx"] > 0 and r["ptx/tokens"] > 0 for r in updated)

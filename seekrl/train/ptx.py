@@ -1,0 +1,86 @@
+"""PPO-ptx: a supervised loss on fixed episodes added to every policy update (InstructGPT's PPO-ptx;
+OpenRLHF's `--pretrain_data` / `--ptx_coef`).
+
+    seekrl train CONFIG data.ptx=episodes.jsonl algo.ptx_coef=0.2 data.ptx_batch=8
+
+RL moves the whole policy, also where it is not trained: GRPO on one kind of question changes how
+the model answers another (RESULTS.md: GRPO on HotpotQA's open questions loses yes/no ones). The
+anchor holds chosen behaviour in place: each optimizer step of the policy also back-propagates
+`algo.ptx_coef` × the token-mean cross-entropy of the next `data.ptx_batch` examples of
+`data.ptx`, a file in `seekrl sft`'s formats (conversations, or agent episodes with masked tool
+output, as `seekrl generate` writes them), trained on the same tokens SFT trains on. Its gradient
+joins the policy's before clipping and the optimizer step, so AdamW sees one gradient.
+
+The examples are drawn in a fresh permutation each pass, seeded by train.seed and the pass, and
+the number drawn so far is the anchor's whole state (the RL checkpoint keeps it): a resumed run
+draws what the uninterrupted one would have. With several trainer ranks every rank scores the same
+examples (the gradient is then the same on each, and their average is it).
+
+Metrics: `loss/ptx` (the examples' token-mean cross-entropy), `ptx/tokens` (trained tokens a step).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from seekrl.observe.stats import StatsTracker
+from seekrl.train.batch import TokenBatch
+from seekrl.train.plan import MicroBatchPlan
+from seekrl.train.sft import sft_loss_sums
+
+__all__ = ["PtxAnchor"]
+
+
+class PtxAnchor:
+    """The supervised examples of PPO-ptx and the loss they add to each optimizer step."""
+
+    def __init__(self, examples: list[tuple[list[int], list[int]]], *, coef: float, batch: int, seed: int,
+                 plan: MicroBatchPlan):
+        """`examples`: `(ids, labels_mask)` pairs (train/sft.py `tokenize_examples`); `plan`: the
+        micro-batches they are scored in (one process's: every rank scores all of them)."""
+        if not examples:
+            raise ValueError("PPO-ptx needs at least one example")
+        self.examples, self.coef, self.batch, self.seed, self.plan = examples, coef, batch, seed, plan
+        self.drawn = 0  # examples drawn so far: the whole state
+
+    def _order(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(len(self.examples), generator=g).tolist()
+
+    def next_examples(self) -> list[tuple[list[int], list[int]]]:
+        """The next `batch` examples (a pass ends, the next one's permutation continues)."""
+        n, out = len(self.examples), []
+        order, epoch = None, -1
+        for k in range(self.drawn, self.drawn + self.batch):
+            if k // n != epoch:
+                epoch = k // n
+                order = self._order(epoch)
+            out.append(self.examples[order[k % n]])
+        self.drawn += self.batch
+        return out
+
+    def backward(self, model: torch.nn.Module, stats: StatsTracker) -> float:
+        """Back-propagate `coef` × the next examples' token-mean cross-entropy into `model`'s
+        gradients; return that mean (nan/inf: nothing back-propagated, the caller skips the step)."""
+        examples = self.next_examples()
+        batch = TokenBatch.from_sequences(examples)
+        n_label = sum(sum(mask[1:]) for _, mask in examples)
+        sums = []
+        for mb in self.plan.micro_batches(batch, list(range(len(examples)))):
+            loss_sum, _ = sft_loss_sums(model, mb)
+            value = float(loss_sum.detach())
+            if not math.isfinite(value):
+                return value
+            (loss_sum * (self.coef / max(1, n_label))).backward()
+            sums.append(value)
+        mean = sum(sums) / max(1, n_label)
+        stats.add(**{"loss/ptx": mean, "ptx/tokens": float(n_label)})
+        return mean
+
+    def state_dict(self) -> dict:
+        return {"drawn": self.drawn}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drawn = int(state.get("drawn", 0))
