@@ -269,7 +269,7 @@ case "$(basename "$0")" in
   srun) while [[ "$1" == -* ]]; do [[ "$1" == -w ]] && shift; shift; done; exec "$@" ;;
   scontrol) printf 'node1\\nnode2\\n' ;;
   hostname) echo 10.1.2.3 ;;
-  python) [[ "$1" == -c ]] && echo 2 ;;
+  python) [[ "$1" == -c ]] && { grep -c '^ray start' "$STUB_LOG" || true; } ;;  # Ray nodes alive: the `ray start`s that ran
 esac
 exit 0
 """
