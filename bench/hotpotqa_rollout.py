@@ -1,9 +1,11 @@
 """Episodes per minute of the HotpotQA recipe's rollout with the real model, and the share of the
 machine's peak it reaches: the in-process engine with and without the KV cache kept across turns
-(`rollout.reuse_kv_tokens`), side by side in one run.
+(`rollout.reuse_kv_tokens`), and vLLM's CPU build as an engine server (`engine.servers=1
+engine.server_kind=vllm`, its prefix caching on; `make vllm` first), side by side in one run.
 
     python bench/hotpotqa_rollout.py --model runs/hotpotqa/sft/checkpoints/step_30/model --recipe-dir runs/hotpotqa
     python bench/hotpotqa_rollout.py ... --questions 8 --group 8 --arms 0,40000 --threads 2
+    python bench/hotpotqa_rollout.py ... --arms 40000,vllm      # the in-process engine against vLLM
 
 Each arm samples the same `--questions` training questions × `--group` episodes at the recipe's
 rollout settings (examples/hotpotqa_smollm2_recipe.yaml: temperature 0.7, 2 searches, 40 tokens a
@@ -13,8 +15,11 @@ episodes per minute, sampled tokens per second, prefilled and reused tokens, and
 useful FLOP rate (2 × parameters × (sampled + prefilled tokens)) as a fraction of this process's
 measured fp32 matmul peak (bench/mfu.py `matmul_peak`). `--greedy` measures what `seekrl eval`
 does instead: temperature 0, at most one engine batch of episodes in flight (build.eval_in_flight),
-e.g. `--questions 100 --group 1 --greedy`. The arms' tokens agree (the reuse is exact
-to float rounding), so their work differs only by the prefill the store saves.
+e.g. `--questions 100 --group 1 --greedy`. The in-process arms' tokens agree (the reuse is exact
+to float rounding), so their work differs only by the prefill the store saves. The vLLM arm
+samples other tokens (its own sampler and kernels); its time includes nothing of the server's
+start-up, and its prefilled tokens are unknown (prefix caching happens inside the server), so its
+FLOP rate counts the sampled tokens only: a lower bound.
 """
 
 from __future__ import annotations
@@ -33,17 +38,22 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def arm(args, reuse: int) -> dict:
+VLLM = ["engine.servers=1", "engine.server_kind=vllm", "engine.server_args=[--max-model-len,1536]"]
+
+
+def arm(args, name: str) -> dict:
     from seekrl.build import build_eval
     from seekrl.config import load_config
     from seekrl.evaluate import evaluate
 
     d = Path(args.recipe_dir)
+    vllm = name == "vllm"
     cfg = load_config(str(ROOT / "examples" / "hotpotqa_smollm2_recipe.yaml"), [
         f"model.path={args.model}", f"data.eval={d / 'data' / 'train.jsonl'}", f"data.max_eval={args.questions}",
-        f"tools.retriever={d / 'index'}", f"log.dir={args.out_dir}", f"log.name=reuse{reuse}", "log.progress=false",
-        f"rollout.reuse_kv_tokens={reuse}", "model.freeze_layers=0", "train.mixed_precision=fp32"])
-    run = build_eval(cfg)
+        f"tools.retriever={d / 'index'}", f"log.dir={args.out_dir}", f"log.name={'vllm' if vllm else 'reuse' + name}",
+        "log.progress=false", f"rollout.reuse_kv_tokens={0 if vllm else int(name)}", "model.freeze_layers=0",
+        "train.mixed_precision=fp32", *(VLLM if vllm else [])])
+    run = build_eval(cfg)  # (vLLM: the server is up when this returns)
     try:
         params = run.params if args.greedy else dataclasses.replace(run.params, temperature=cfg.rollout.temperature)
         t0 = time.perf_counter()
@@ -51,15 +61,30 @@ def arm(args, reuse: int) -> dict:
                                                max_in_flight=run.max_in_flight if args.greedy else None))
         trajs = [t for g in groups for t in g.trajectories]
         wall = time.perf_counter() - t0
-        stats = dict(run.engine.stats)
+        stats = {} if vllm else dict(run.engine.stats)
     finally:
         run.close()
-    n_params = sum(p.numel() for p in run.engine.model.parameters())
-    sampled, prefilled = stats["tokens"], stats["prefill_tokens"]
-    return {"reuse_kv_tokens": reuse, "episodes": len(trajs), "wall_s": wall, "episodes_per_min": 60 * len(trajs) / wall,
-            "sampled_tokens": sampled, "prefill_tokens": prefilled, "reused_tokens": stats.get("reused_tokens", 0),
-            "sampled_tok_per_s": sampled / wall, "flops": 2 * n_params * (sampled + prefilled), "em": metrics.get("eval/em"),
+    n_params = _n_params(args.model)
+    sampled = sum(t.num_sampled for t in trajs) if vllm else stats["tokens"]
+    prefilled = stats.get("prefill_tokens")
+    return {"arm": name, "episodes": len(trajs), "wall_s": wall, "episodes_per_min": 60 * len(trajs) / wall,
+            "sampled_tokens": sampled, "prefill_tokens": prefilled, "reused_tokens": stats.get("reused_tokens"),
+            "sampled_tok_per_s": sampled / wall, "flops": 2 * n_params * (sampled + (prefilled or 0)), "em": metrics.get("eval/em"),
             "tokens_digest": hash(tuple(tuple(t.completion_ids) for t in trajs))}
+
+
+def _n_params(model_dir: str) -> int:
+    """The model's parameters, tied weights once (built on the meta device: no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return sum(p.numel() for p in model.parameters())
+
+
+def _n(value) -> str:
+    return "—" if value is None else f"{value:,}"
 
 
 def main() -> None:
@@ -68,7 +93,8 @@ def main() -> None:
     p.add_argument("--recipe-dir", required=True, help="the recipe's folder (its data/ and index/)")
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
-    p.add_argument("--arms", default="0,40000", help="comma-separated rollout.reuse_kv_tokens values")
+    p.add_argument("--arms", default="0,40000", help="comma-separated rollout.reuse_kv_tokens values of the in-process "
+                   "engine, and `vllm` for a vLLM engine server")
     p.add_argument("--greedy", action="store_true", help="as seekrl eval samples: greedy, one engine batch in flight")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out-dir", default="runs/bench/hotpotqa_rollout")
@@ -79,17 +105,20 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     peak = matmul_peak(2048, torch.float32, "cpu")
-    rows = [arm(args, int(a)) for a in args.arms.split(",")]
+    rows = [arm(args, a.strip()) for a in args.arms.split(",")]
     print(f"CPU, {args.threads} threads: fp32 matmul peak {peak / 1e9:.1f} GFLOP/s; {args.questions} questions x {args.group} episodes")
-    print("| rollout.reuse_kv_tokens | wall s | episodes/min | sampled tok/s | prefilled tokens | reused tokens | GFLOP/s (share of peak) | EM |")
+    print("| engine (rollout.reuse_kv_tokens) | wall s | episodes/min | sampled tok/s | prefilled tokens | reused tokens | GFLOP/s (share of peak) | EM |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         rate = r["flops"] / r["wall_s"]
         r["share_of_peak"] = rate / peak
-        print(f"| {r['reuse_kv_tokens']} | {r['wall_s']:.1f} | {r['episodes_per_min']:.1f} | {r['sampled_tok_per_s']:.1f} | "
-              f"{r['prefill_tokens']:,} | {r['reused_tokens']:,} | {rate / 1e9:.1f} ({100 * r['share_of_peak']:.1f}%) | {r['em']:.3f} |")
-    same = len({r["tokens_digest"] for r in rows}) == 1
-    print(f"same sampled tokens in every arm: {same}")
+        label = "vLLM server (sampled tokens only)" if r["arm"] == "vllm" else f"in-process ({r['arm']})"
+        print(f"| {label} | {r['wall_s']:.1f} | {r['episodes_per_min']:.1f} | {r['sampled_tok_per_s']:.1f} | "
+              f"{_n(r['prefill_tokens'])} | {_n(r['reused_tokens'])} | {rate / 1e9:.1f} ({100 * r['share_of_peak']:.1f}%) | {r['em']:.3f} |")
+    local = [r for r in rows if r["arm"] != "vllm"]
+    same = len({r["tokens_digest"] for r in local}) <= 1
+    if len(local) > 1:
+        print(f"same sampled tokens in every in-process arm: {same}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"args": vars(args), "peak_flops": peak, "rows": rows, "same_tokens": same}, indent=2))

@@ -125,6 +125,23 @@ def check_control_exposure(e: EngineConfig, host: str) -> None:
                           "network, or serve on loopback")
 
 
+CHUNKED_PREFILL_FLAGS = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
+# VLLM_CPU_PREFILL: vLLM 0.32's model runner rewinds the generator of a seeded request whose
+# sampled token it discards (a prompt prefilled in chunks, over several steps) with
+# `Generator.set_offset`, which a CPU generator refuses ("CPU Generator does not use offset"): the
+# engine core dies and every request in flight gets HTTP 500. seekrl seeds every request, and the
+# recipe's 64 episodes at once overflow one step's token budget, so on a CPU seekrl starts vLLM
+# with whole-prompt prefill (`--no-enable-chunked-prefill`) unless engine.server_args says otherwise.
+
+
+def _on_cpu(device: str) -> bool:
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device.startswith("cpu")
+
+
 def server_command(e: EngineConfig, model_dir: str | os.PathLike, port: int, token: str | None, settings: SamplerSettings, *,
                    host: str = "127.0.0.1", gpus: str | None = None) -> ServerCommand:
     """How to start one server of `server_kind(e)` on `model_dir` at host:port: `seekrl serve
@@ -145,6 +162,8 @@ def server_command(e: EngineConfig, model_dir: str | os.PathLike, port: int, tok
         args = list(e.server_args)
         if kind == "vllm" and not any(a == "--dtype" or a.startswith("--dtype=") for a in args):
             args += ["--dtype", settings.dtype]  # model.dtype, as the trainer's (vLLM's own default may differ)
+        if kind == "vllm" and _on_cpu(settings.device) and not any(a.split("=", 1)[0] in CHUNKED_PREFILL_FLAGS for a in args):
+            args += ["--no-enable-chunked-prefill"]  # the CPU build dies on a seeded request's partial prefill (VLLM_CPU_PREFILL)
         argv, env = get_api(kind).server_command(str(model_dir), host, port, args)
         python = e.server_python or (default_server_python() if kind == "vllm" else None)
         if python:  # the servers' own environment; it still imports seekrl's vLLM worker extension

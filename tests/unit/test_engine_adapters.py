@@ -269,6 +269,24 @@ def test_vllm_server_command(monkeypatch):
     assert not {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"} & set(VLLMAPI().server_command("/m", "127.0.0.1", 1, [])[1])
 
 
+def test_vllm_on_a_cpu_prefills_whole_prompts():
+    """vLLM's CPU build dies rewinding a seeded request's CPU generator after a chunked prefill
+    (setup.VLLM_CPU_PREFILL): servers seekrl starts for a CPU run get --no-enable-chunked-prefill,
+    GPU runs keep vLLM's default, and engine.server_args' own choice stands."""
+    from seekrl.engines.config import EngineConfig
+    from seekrl.engines.setup import SamplerSettings, server_command
+
+    def argv(device, *server_args):
+        e = EngineConfig(kind="remote", api="vllm", servers=1, server_kind="vllm", server_args=list(server_args))
+        return server_command(e, "/m", 8000, None, SamplerSettings(device=device)).argv
+
+    assert argv("cpu").count("--no-enable-chunked-prefill") == 1
+    assert "--no-enable-chunked-prefill" not in argv("cuda")
+    assert "--no-enable-chunked-prefill" not in argv("cpu", "--enable-chunked-prefill")
+    assert argv("cpu", "--no-enable-chunked-prefill").count("--no-enable-chunked-prefill") == 1
+    assert ("--no-enable-chunked-prefill" in argv("auto")) == (not torch.cuda.is_available())
+
+
 def test_get_api():
     assert isinstance(get_api("sglang"), SGLangAPI) and isinstance(get_api("vllm"), VLLMAPI)
     with pytest.raises(ValueError, match="unknown engine API 'tgi'; choose one of: sglang, vllm"):
