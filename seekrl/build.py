@@ -49,7 +49,6 @@ from seekrl.train.agreement import AgreementCheck
 from seekrl.train.batching import FORWARD_METHODS
 from seekrl.train.compute import set_autocast
 from seekrl.train.packing import can_pack
-from seekrl.train.plan import MicroBatchPlan
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
 from seekrl.train.ptx import PtxAnchor
 from seekrl.train.rl import RLRun
@@ -268,9 +267,9 @@ def ptx_anchor(cfg: Config, rows: list, model, tokenizer) -> PtxAnchor:
     dropped and counted), drawn data.ptx_batch at a time, in micro-batches of train.micro_batch_tokens."""
     t = cfg.train
     examples = tokenize_examples(tokenizer, rows, cfg.model.max_context, "data.ptx")
-    plan = MicroBatchPlan(t.micro_batch_tokens, tokenizer.pad_token_id, next(model.parameters()).device,
-                          pack=t.packing and can_pack(unwrap_peft(model)))
-    return PtxAnchor(examples, coef=cfg.algo.ptx_coef, batch=cfg.data.ptx_batch, seed=t.seed, plan=plan)
+    return PtxAnchor(examples, coef=cfg.algo.ptx_coef, batch=cfg.data.ptx_batch, seed=t.seed, budget=t.micro_batch_tokens,
+                     pad_id=tokenizer.pad_token_id, device=next(model.parameters()).device,
+                     pack=t.packing and can_pack(unwrap_peft(model)))
 
 
 def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, full_model, engine: InferenceEngine | None,

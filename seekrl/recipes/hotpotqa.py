@@ -445,8 +445,10 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     if d.ptx_coef > 0:
         ptx_file = data_dir / "ptx.jsonl"
         stage("6c. ptx", f"the teacher's kept episodes of the training questions not in {grpo_train} -> {ptx_file}")
-        drawn = {str(r["_id"]) for r in _read_jsonl(grpo_train)}
-        held = [r for r in _read_jsonl(sft_rows) if str(r["id"]) not in drawn] if grpo_train != files["train"] else _read_jsonl(sft_rows)
+        held = _read_jsonl(sft_rows)
+        if grpo_train != files["train"]:  # demo.grpo_questions=open: the others' episodes
+            drawn = {str(r["_id"]) for r in _read_jsonl(grpo_train)}
+            held = [r for r in held if str(r["id"]) not in drawn]
         if not held:
             raise ValueError(f"demo.ptx_coef={d.ptx_coef:g}: no kept teacher episode outside {grpo_train} to hold; set demo.ptx_coef=0")
         _write_jsonl(ptx_file, held)

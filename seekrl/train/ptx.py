@@ -21,14 +21,13 @@ Metrics: `loss/ptx` (the examples' token-mean cross-entropy), `ptx/tokens` (trai
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from seekrl.observe.stats import StatsTracker
-from seekrl.train.batch import TokenBatch
-from seekrl.train.plan import MicroBatchPlan
-from seekrl.train.sft import sft_loss_sums
+from seekrl.train.sft import step_loss
 
 __all__ = ["PtxAnchor"]
 
@@ -37,12 +36,15 @@ class PtxAnchor:
     """The supervised examples of PPO-ptx and the loss they add to each optimizer step."""
 
     def __init__(self, examples: list[tuple[list[int], list[int]]], *, coef: float, batch: int, seed: int,
-                 plan: MicroBatchPlan):
-        """`examples`: `(ids, labels_mask)` pairs (train/sft.py `tokenize_examples`); `plan`: the
-        micro-batches they are scored in (one process's: every rank scores all of them)."""
+                 budget: int, pad_id: int, device: torch.device, pack: bool = False):
+        """`examples`: `(ids, labels_mask)` pairs (train/sft.py `tokenize_examples`), scored as
+        `seekrl sft` scores a step (`step_loss`: micro-batches of `budget` padded tokens, `pack`ed
+        when possible; one process's: every rank scores all of them)."""
         if not examples:
             raise ValueError("PPO-ptx needs at least one example")
-        self.examples, self.coef, self.batch, self.seed, self.plan = examples, coef, batch, seed, plan
+        self.examples, self.batch, self.seed = examples, batch, seed
+        self._loss = functools.partial(step_loss, budget=budget, pad_id=pad_id, device=device, backward=True, pack=pack,
+                                       scale=coef)
         self.drawn = 0  # examples drawn so far: the whole state
 
     def _order(self, epoch: int) -> list[int]:
@@ -63,20 +65,10 @@ class PtxAnchor:
 
     def backward(self, model: torch.nn.Module, stats: StatsTracker) -> float:
         """Back-propagate `coef` × the next examples' token-mean cross-entropy into `model`'s
-        gradients; return that mean (nan/inf: nothing back-propagated, the caller skips the step)."""
-        examples = self.next_examples()
-        batch = TokenBatch.from_sequences(examples)
-        n_label = sum(sum(mask[1:]) for _, mask in examples)
-        sums = []
-        for mb in self.plan.micro_batches(batch, list(range(len(examples)))):
-            loss_sum, _ = sft_loss_sums(model, mb)
-            value = float(loss_sum.detach())
-            if not math.isfinite(value):
-                return value
-            (loss_sum * (self.coef / max(1, n_label))).backward()
-            sums.append(value)
-        mean = sum(sums) / max(1, n_label)
-        stats.add(**{"loss/ptx": mean, "ptx/tokens": float(n_label)})
+        gradients; return that mean (nan/inf: the caller skips the step, its gradients dropped)."""
+        mean, n_label, _ = self._loss(model, self.next_examples())
+        if math.isfinite(mean):
+            stats.add(**{"loss/ptx": mean, "ptx/tokens": float(n_label)})
         return mean
 
     def state_dict(self) -> dict:

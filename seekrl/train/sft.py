@@ -252,12 +252,14 @@ def sft_loss_sums(model, mb: MicroBatch) -> tuple[torch.Tensor, int]:
     return loss, int(target_N.numel())
 
 
-def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool, pack: bool = False) -> tuple[float, int, int]:
+def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool, pack: bool = False,
+              scale: float = 1.0) -> tuple[float, int, int]:
     """Loss per assistant token over `examples` (`(ids, labels_mask)` pairs), micro-batched by
     `budget` padded tokens (train/plan.py, as the RL updates; `pack`: varlen-packed rows).
 
-    With `backward`, each micro-batch's sum / the total count is back-propagated, so the
-    accumulated gradient is that of the whole batch's token-mean. Returns (loss, n_label, n_tokens).
+    With `backward`, each micro-batch's sum × `scale` / the total count is back-propagated, so the
+    accumulated gradient is that of `scale` × the whole batch's token-mean (PPO-ptx weighs it by
+    algo.ptx_coef, train/ptx.py). Returns (loss, n_label, n_tokens), the loss unscaled.
     """
     batch = TokenBatch.from_sequences(examples)
     plan = MicroBatchPlan(budget, pad_id, torch.device(device), pack=pack)
@@ -266,7 +268,7 @@ def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool,
     for mb in plan.micro_batches(batch, list(range(len(examples)))):
         loss_sum, _ = sft_loss_sums(model, mb)
         if backward:
-            (loss_sum / n_label).backward()
+            (loss_sum * (scale / n_label)).backward()
         total += float(loss_sum.detach())
     return total / max(1, n_label), n_label, sum(len(ids) for ids, _ in examples)
 

@@ -26,7 +26,6 @@ from seekrl.observe.loggers import read_metrics
 from seekrl.observe.metrics import undocumented
 from seekrl.observe.stats import StatsTracker
 from seekrl.train.batch import TokenBatch
-from seekrl.train.plan import MicroBatchPlan
 from seekrl.train.ptx import PtxAnchor
 from seekrl.train.sft import step_loss, tokenize_chat
 
@@ -37,8 +36,8 @@ def _examples(tokenizer, n):
 
 
 def _anchor(tokenizer, examples, coef=0.5, batch=3, seed=7, budget=64):
-    plan = MicroBatchPlan(budget, tokenizer.pad_token_id, torch.device("cpu"))
-    return PtxAnchor(examples, coef=coef, batch=batch, seed=seed, plan=plan)
+    return PtxAnchor(examples, coef=coef, batch=batch, seed=seed, budget=budget, pad_id=tokenizer.pad_token_id,
+                     device=torch.device("cpu"))
 
 
 def test_draws_every_example_once_a_pass_and_resumes_the_sequence(tiny_tokenizer):
