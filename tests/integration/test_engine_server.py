@@ -161,13 +161,14 @@ def test_pause_abort_returns_running_requests_and_holds_new_ones(server, engine,
         assert time.monotonic() < deadline
         time.sleep(0.01)
     r = httpx.post(server + "/pause_generation", headers=AUTH, timeout=10)  # no body: SGLang's default, abort
+    short = {"max_new_tokens": 2, "ignore_eos": True}  # a sampled end-of-sequence must not cut it to one token
     assert r.status_code == 200
     t.join(30)
     assert out["r"].json()["meta_info"]["finish_reason"]["type"] == "abort"
     with pytest.raises(httpx.ReadTimeout):  # held while paused
-        post(server, "/generate", {"input_ids": prompts[0], "sampling_params": {"max_new_tokens": 2}}, timeout=0.5)
+        post(server, "/generate", {"input_ids": prompts[0], "sampling_params": short}, timeout=0.5)
     assert post(server, "/continue_generation", {}).status_code == 200
-    assert len(post(server, "/generate", {"input_ids": prompts[0], "sampling_params": {"max_new_tokens": 2}}).json()["output_ids"]) == 2
+    assert len(post(server, "/generate", {"input_ids": prompts[0], "sampling_params": short}).json()["output_ids"]) == 2
     assert post(server, "/pause_generation", {"mode": "later"}).status_code == 400
 
 
