@@ -294,10 +294,12 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
     # (mask_observations=false) have none, so that ablation recomputes them.
     unmasked = cfg.tools.format is not None and not r.mask_observations
     reuse = t.recompute_logprobs == "never" or (t.recompute_logprobs == "auto" and exact and not unmasked)
-    # Recomputed old log-probs that nothing reads before the update (no KL in the reward or its metric,
-    # no distillation) and one optimizer step: the update's own forward pass gives them (train/offpolicy.py).
+    # Recomputed old log-probs that nothing reads before the update (no KL in the reward, no adaptive
+    # KL coefficient, no distillation) and one optimizer step: the update's own forward pass gives them
+    # (train/offpolicy.py); with the KL in the loss the update then measures the step's `kl` itself.
+    kl_read_before = a.kl_coef > 0 and (a.kl_in == "reward" or a.kl_target is not None)
     from_update = (t.recompute_logprobs == "auto" and not reuse and t.ppo_epochs == 1 and t.minibatches == 1
-                   and r.mode == "sync" and not a.decoupled and a.kl_coef == 0 and a.name != "distill")
+                   and r.mode == "sync" and not a.decoupled and not kl_read_before and a.name != "distill")
     if ranks.is_main:
         rollout = make_rollout(r, workflow, engine, tasks.iterator, sampling_params(r), seed=t.seed, decode=text_decoder(tokenizer))
         rollout = LeaderRollout(rollout, ranks, full_model) if ranks.distributed else rollout

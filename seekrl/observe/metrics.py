@@ -102,7 +102,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "grad_norm/critic": ("rl", "critic gradient norm before clipping"),
     "skipped_minibatches": ("rl", "minibatches with no trained token"),
     "entropy": ("rl", "mean entropy of the policy at the trained tokens"),
-    "kl": ("rl", "mean KL(old || reference) per sampled token (approx_kl without a reference)"),
+    "kl": ("rl", "mean KL(old || reference) per sampled token (per trained token when the update gives the old log-probs; approx_kl without a reference)"),
     "kl_coef": ("rl", "the KL coefficient this step (algo.kl_target moves it)"),
     "distill/reverse_kl": ("rl", "on-policy distillation: mean log p_student - log p_teacher per sampled token (algo.teacher; 0 when they agree)"),
     "lr": ("rl, sft", "learning rate this step"),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from seekrl.algo.advantages import kl_estimate
 from seekrl.algo.config import AlgoConfig
 from seekrl.algo.losses import POLICY_LOSSES, aggregate, kl_loss, value_loss
 from seekrl.algo.mismatch import Correction, correction_weights
@@ -190,6 +191,8 @@ class PolicyTrainer:
             loss = loss + batch.kl_coef * kl
             parts["loss/kl"] = kl.item()
             stats.add_weighted(weight, **{"loss/kl": parts["loss/kl"]})
+            if batch.old_logp_BC is None:  # the old policy is this pass's: the step's `kl` metric, on the trained tokens
+                stats.add_masked("kl", kl_estimate(old_BC, ref_BC, kind=a.kl_estimator), mask_BC)
         if a.entropy_coef <= 0:
             ent_BC = ent_BC.detach()
         stats.add_masked("entropy", ent_BC.detach(), mask_BC)

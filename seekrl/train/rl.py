@@ -212,9 +212,11 @@ def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
     if rl.critic:
         rl.critic.update(batch, stats, guard=rl.trainer.guard)
     rl.trainer.update(batch, stats)
-    if est.kl_mean is not None:
+    if est.kl_mean is not None:  # else, with old log-probs from the update, the update measured it
         rl.kl_ctl.update(est.kl_mean, len(batch))
-        stats.add(kl=est.kl_mean, kl_coef=kl_coef)
+        stats.add(kl=est.kl_mean)
+    if batch.ref_logp_BC is not None:
+        stats.add(kl_coef=kl_coef)
     if rl.ranks.distributed:  # each rank measured its share: combine them (what one process would have logged)
         stats.merge(rl.ranks.all_gather_json(stats.state()))
 

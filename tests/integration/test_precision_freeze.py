@@ -88,7 +88,10 @@ def test_bf16_trainer_does_not_reuse_the_fp32_engine_logprobs(tmp_path):
     assert reuse("always", "train.mixed_precision=bf16", "train.recompute_logprobs=always")[:2] == (False, False)
     assert reuse("epochs", "train.mixed_precision=bf16", "train.ppo_epochs=2")[:2] == (False, False)
     assert reuse("mini", "train.mixed_precision=bf16", "train.minibatches=2")[:2] == (False, False)
-    assert reuse("kl", "train.mixed_precision=bf16", "algo.kl_coef=0.01")[:2] == (False, False)
+    # the KL in the loss with a fixed coefficient: the update measures it; in the reward or adaptive: read before
+    assert reuse("kl", "train.mixed_precision=bf16", "algo.kl_coef=0.01")[:2] == (False, True)
+    assert reuse("klr", "train.mixed_precision=bf16", "algo.kl_coef=0.01", "algo.kl_in=reward")[:2] == (False, False)
+    assert reuse("kla", "train.mixed_precision=bf16", "algo.kl_coef=0.01", "algo.kl_target=0.01")[:2] == (False, False)
     assert reuse("async", "train.mixed_precision=bf16", "rollout.mode=async")[:2] == (False, False)
 
 
@@ -122,6 +125,41 @@ def test_old_logprobs_from_the_update_give_the_recomputed_step(tiny_model, tiny_
     batch.adv_BC = pad_completion([[1.0] * len(t.completion_ids) for t in trajs], batch.width)
     with pytest.raises(ValueError, match="one optimizer step"):
         trainer.update(batch, StatsTracker())
+
+
+def test_kl_in_the_loss_with_old_logprobs_from_the_update(tiny_model, tiny_tokenizer):
+    """With the KL to the reference in the loss, old log-probs from the update's own pass give the
+    recomputed step's weights and loss, and the update logs `kl`: KL(old || reference) per trained token."""
+    import copy
+
+    from seekrl.algo.advantages import kl_estimate
+
+    trajs = _trajs(len(tiny_tokenizer))
+    cfg = _cfg("train.lr=1e-2", "algo.kl_coef=0.5")
+    ref = copy.deepcopy(tiny_model).eval().requires_grad_(False)
+    with torch.no_grad():  # a reference that differs from the policy
+        for p in ref.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    after, logged = [], []
+    for recompute in (True, False):
+        model = copy.deepcopy(tiny_model)
+        trainer = policy_trainer(cfg, model, 0, total_steps=1, ref_model=ref)
+        batch = TokenBatch.from_trajectories(trajs)
+        old = trainer.logprobs(batch)
+        batch.old_logp_BC = old if recompute else None
+        batch.ref_logp_BC, batch.kl_coef = trainer.ref_logprobs(batch), 0.5
+        batch.adv_BC = pad_completion([[float(i % 3) - 1.0] * len(t.completion_ids) for i, t in enumerate(trajs)], batch.width)
+        mask = batch.train_mask_BC(cfg.algo.mask_truncated)
+        stats = StatsTracker()
+        trainer.update(batch, stats)
+        logged.append(stats.export())
+        after.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    want = float((kl_estimate(old, batch.ref_logp_BC, kind="k3") * mask).sum() / mask.sum())
+    assert want > 1e-4
+    assert "kl" not in logged[0] and logged[1]["kl"] == pytest.approx(want, rel=1e-4)
+    assert logged[1]["loss/kl"] == pytest.approx(logged[0]["loss/kl"], rel=1e-5) and logged[0]["loss/kl"] > 0
+    for n in after[0]:
+        torch.testing.assert_close(after[1][n], after[0][n], rtol=1e-5, atol=1e-7)
 
 
 def test_frozen_layers_get_no_gradient_and_stay_as_they_were(fresh_tiny_model, tiny_tokenizer):
