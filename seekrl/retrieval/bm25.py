@@ -10,6 +10,12 @@ On disk (`save(dir)`): bm25s's own files (params/vocab json + sparse matrix .npy
 
     idx = BM25Index.build(read_corpus("corpus.jsonl")); idx.save("index/")
     BM25Index.load("index/").search(["who wrote hamlet"], topk=3)
+
+JAX: bm25s imports jax at its own import when jax is installed, and runs a top-k with it. On a
+GPU machine, JAX would then take 75% of the GPU memory in every process that searches (its
+default preallocation), beside the policy. This module sets `JAX_PLATFORMS=cpu` before that
+import, unless the user set it, and retrieves with bm25s's numpy top-k, so JAX never touches the
+GPU here.
 """
 
 from __future__ import annotations
@@ -19,11 +25,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import bm25s
-import numpy as np
-import Stemmer
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before bm25s imports jax: see the module docstring
+import bm25s  # noqa: E402
+import numpy as np  # noqa: E402
+import Stemmer  # noqa: E402
 
-from seekrl.data.corpus import Document, read_corpus, read_index_meta, write_corpus
+from seekrl.data.corpus import Document, read_corpus, read_index_meta, write_corpus  # noqa: E402
 
 __all__ = ["BM25Index"]
 
@@ -98,7 +105,8 @@ class BM25Index:
         rows = [i for i, q in enumerate(known) if q]
         out: list[list[tuple[Document, float]]] = [[] for _ in queries]
         if rows:
-            ids, scores = self.model.retrieve([known[i] for i in rows], k=k, show_progress=False, n_threads=1)
+            ids, scores = self.model.retrieve([known[i] for i in rows], k=k, show_progress=False, n_threads=1,
+                                             backend_selection="numpy")
             ids, scores = np.asarray(ids), np.asarray(scores)
             for r, i in enumerate(rows):
                 out[i] = [(self.docs[int(j)], float(s)) for j, s in zip(ids[r], scores[r]) if s > 0]

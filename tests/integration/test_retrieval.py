@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -74,6 +78,44 @@ def test_bm25_save_load_round_trip(toy_bm25, tmp_path):
     assert loaded.search(queries, topk=4) == toy_bm25.search(queries, topk=4)
     # and through the async Retriever API
     assert asyncio.run(LocalRetriever(loaded).search(queries, 4)) == toy_bm25.search(queries, topk=4)
+
+
+def test_bm25_keeps_jax_off_the_gpu(tmp_path):
+    """bm25s imports jax (when installed) and runs a top-k at import: on a GPU machine JAX would
+    preallocate 75% of the GPU in every searching process. A stand-in `jax` first on the path
+    records what it sees: the import happens with JAX_PLATFORMS=cpu (unless the user set it), and
+    searches never call it (numpy top-k)."""
+    fake = tmp_path / "fake" / "jax"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("from . import lax\n")
+    (fake / "lax.py").write_text(textwrap.dedent("""
+        import os
+        calls = []
+        def top_k(scores, k):
+            calls.append(os.environ.get("JAX_PLATFORMS"))
+            with open(os.environ["FAKE_JAX_LOG"], "a") as f:
+                f.write(f"{os.environ.get('JAX_PLATFORMS')}\\n")
+            if len(calls) > 1:
+                raise AssertionError("a search used jax's top-k")
+            return scores[:k], list(range(k))
+    """))
+    script = textwrap.dedent(f"""
+        from seekrl.data.corpus import Document
+        from seekrl.retrieval.bm25 import BM25Index
+        docs = [Document.from_title_text(str(i), t, x) for i, (t, x) in enumerate({TOY!r})]
+        hits = BM25Index.build(docs).search(["What is the capital of Germany?", "highest mountain"], topk=2)
+        print(hits[0][0][0].title, hits[1][0][0].title)
+    """)
+    for preset, expected in [(None, "cpu"), ("cuda", "cuda")]:
+        log = tmp_path / f"jax-{preset}.log"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), *sys.path]), "FAKE_JAX_LOG": str(log)}
+        env.pop("JAX_PLATFORMS", None)
+        if preset:
+            env["JAX_PLATFORMS"] = preset
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["Berlin", "Mount", "Everest"]
+        assert log.read_text().split() == [expected]  # called once, at bm25s's import, never by a search
 
 
 def test_load_index_errors(tmp_path):
