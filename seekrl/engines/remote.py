@@ -25,7 +25,10 @@ request, not a dead server: `EngineRequestError`. One exception: a 503 answered 
 is being paused or synced (vLLM answers 503 to new requests while paused with abort or wait) means
 "paused": the request is sent again to the same server after a short wait (50 ms, doubling up
 to 1 s), for at most `timeout_s`, and counted in `engine/paused_retries`; only past that is the
-server dead.
+server dead. A connection that breaks with no answer (a read, write or protocol error: the
+server closed a reused keep-alive connection as the request went out) is sent again to the same
+server, at most twice (httpx drops the broken connection) (`engine/dropped_retries`); the client closes idle
+connections after 2 s, before the servers' 5-second keep-alive does, so that race is rare.
 
 Context: the first request to a server reads its largest context once (`model_info`: seekrl's
 `max_context`, vLLM's `max_model_len`, SGLang's `context_length` where its /model_info or
@@ -72,6 +75,17 @@ class _ServerFailed(Exception):
 
 class _ServerPaused(Exception):
     """A 503 from a server that is being paused or synced: retry later on the same server."""
+
+
+class _ConnectionDropped(Exception):
+    """The connection broke with no answer (a reused keep-alive connection the server had just
+    closed): send the request again to the same server."""
+
+
+# a connection the client reused just as the server closed it after its keep-alive timeout
+_DROPPED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+_DROP_RETRIES = 2  # then the server is dead
+_KEEPALIVE_S = 2.0  # idle connections are closed here first: servers' keep-alive is 5 s (uvicorn, vLLM)
 
 
 @dataclass(eq=False)
@@ -128,7 +142,7 @@ class RemoteEngine:
         self._sticky: contextvars.ContextVar[_Server | None] = contextvars.ContextVar(f"seekrl-remote-{next(_ids)}", default=None)
         self._rids = itertools.count()
         self.counters = {"server_failures": 0, "retries": 0, "requests": 0, "http_requests": 0, "weight_syncs": 0, "weight_sync_s": 0.0,
-                         "paused_retries": 0}
+                         "paused_retries": 0, "dropped_retries": 0}
         self._paused = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: httpx.AsyncClient | None = None
@@ -298,7 +312,8 @@ class RemoteEngine:
             return
         self._loop = loop
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        limits = httpx.Limits(max_connections=self.max_concurrent * len(self.servers) + 8, max_keepalive_connections=64)
+        limits = httpx.Limits(max_connections=self.max_concurrent * len(self.servers) + 8, max_keepalive_connections=64,
+                              keepalive_expiry=_KEEPALIVE_S)
         self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s)),
                                          limits=limits)
         for s in self.servers:
@@ -345,9 +360,13 @@ class RemoteEngine:
         An empty 2xx answer (SGLang's /abort_request) reads as {}."""
         deadline = time.monotonic() + self.timeout_s
         wait = 0.05
+        drops = 0
         while True:
             try:
-                return await self._request_once(server, call, control=control, counted=counted)
+                return await self._request_once(server, call, control=control, counted=counted, last_try=drops >= _DROP_RETRIES)
+            except _ConnectionDropped:
+                drops += 1
+                self.counters["dropped_retries"] += 1
             except _ServerPaused:
                 if time.monotonic() + wait > deadline:
                     self._fail(server, f"HTTP 503 on {call.path} while paused for longer than engine.timeout_s={self.timeout_s:g} s")
@@ -356,7 +375,8 @@ class RemoteEngine:
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, 1.0)
 
-    async def _request_once(self, server: _Server, call: HTTPCall, *, control: bool = False, counted: bool = True):
+    async def _request_once(self, server: _Server, call: HTTPCall, *, control: bool = False, counted: bool = True,
+                            last_try: bool = True):
         path = call.path.split("?", 1)[0]
         is_pause, is_resume = call.path in self._pause_paths, call.path in self._resume_paths
         if is_pause:  # from the moment it is sent: a request answered 503 by the pausing server is "paused"
@@ -374,6 +394,8 @@ class RemoteEngine:
                 except httpx.TimeoutException:
                     self._fail(server, f"no answer to {path} within {key}={timeout_s:g} s")
                     raise _ServerFailed from None
+                except _DROPPED if not last_try else () as e:
+                    raise _ConnectionDropped from e
                 except httpx.TransportError as e:
                     self._fail(server, f"{type(e).__name__}: {e}".strip().rstrip(":"))
                     raise _ServerFailed from None

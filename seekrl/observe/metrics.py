@@ -117,6 +117,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "engine/http_requests": ("rl", "HTTP requests (batched generate calls count once)"),
     "engine/retries": ("rl", "calls re-sent to another server"),
     "engine/paused_retries": ("rl", "requests sent again to a server that answered 503 while paused for a weight sync"),
+    "engine/dropped_retries": ("rl", "requests sent again to the same server after the connection broke with no answer (a keep-alive connection it had just closed)"),
     # SFT (train/sft.py)
     "loss": ("sft", "cross-entropy per trained (assistant) token"),
     "grad_norm": ("sft", "gradient norm before clipping"),
