@@ -79,6 +79,8 @@ class DemoConfig:
     """`seekrl demo`: SFT learning rate."""
     sft_batch_size: int = 16
     """`seekrl demo`: SFT episodes per step."""
+    sft_precision: Literal["fp32", "bf16"] = "fp32"
+    """`seekrl demo --recipe hotpotqa_smollm2`: the SFT stage's train.mixed_precision: fp32, or bf16 (the decoder under bf16 autocast, fp32 weights and AdamW; about 1.7x faster a step on a CPU with avx512_bf16, BENCHMARKS.md)."""
     eval_questions: int = 300
     """`seekrl demo --recipe hotpotqa_smollm2`: held-out questions of dev_distractor.jsonl (never trained on) for the before/after evals."""
     base_questions: int = 100

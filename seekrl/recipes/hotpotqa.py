@@ -410,7 +410,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     sft_over = [*paths, *overrides, f"data.train={sft_rows}", "data.eval=null", "log.name=sft",
                 f"train.steps={d.sft_steps}", f"train.lr={d.sft_lr}", f"rollout.batch_size={d.sft_batch_size}",
                 "train.warmup_steps=5", "train.schedule=cosine", f"train.save_every={max(1, d.sft_steps // 3)}", "train.resume=auto",
-                "model.freeze_layers=0", "train.mixed_precision=fp32"]  # the warm start trains every weight in fp32 (RESULTS.md)
+                "model.freeze_layers=0", f"train.mixed_precision={d.sft_precision}"]  # the warm start trains every weight
     sft_model = out_dir / "sft" / "checkpoints" / f"step_{d.sft_steps}" / "model"
     stage("5. sft", cmd("sft", config, *sft_over))
     if not (sft_model / "config.json").is_file():

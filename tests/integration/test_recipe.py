@@ -19,6 +19,7 @@ SMALL = [
     "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_new_tokens=8",
     "log.progress=false", "log.tensorboard=false",
     "model.freeze_layers=0", "demo.grpo_seeds=[0,1]", "demo.check_every=1", "demo.curve_questions=3",
+    "demo.sft_precision=bf16",
 ]
 
 
@@ -60,6 +61,8 @@ def test_recipe_runs_every_stage(recipe):
 
     for stage in ("sft", "grpo", "grpo_s1"):
         assert "tools:" in (out / stage / "config.yaml").read_text()
+        if stage == "sft":  # demo.sft_precision reaches the SFT stage
+            assert "  mixed_precision: bf16\n" in (out / stage / "config.yaml").read_text()
         model = AutoModelForCausalLM.from_pretrained(out / stage / "checkpoints" / "step_2" / "model")
         assert model.config.num_hidden_layers == 1
 
