@@ -42,7 +42,7 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            (`answer_options`, `two_way_guesses`)) and
            DIR/report.html (plots of the GRPO run first)  (seekrl report)
 
-A longer budget is the same command with more steps (`train.steps=30`, `demo.sft_steps=140`): the
+A longer budget is the same command with more steps (`train.steps=30`, `demo.sft_steps=210`): the
 trained stage resumes from its last checkpoint, and the evals after it run again on the new one.
 
 Every run folder (DIR/sft, DIR/grpo) holds its resolved config.yaml, and
