@@ -27,8 +27,9 @@ is being paused or synced (vLLM answers 503 to new requests while paused with ab
 to 1 s), for at most `timeout_s`, and counted in `engine/paused_retries`; only past that is the
 server dead. A connection that breaks with no answer (a read, write or protocol error: the
 server closed a reused keep-alive connection as the request went out) is sent again to the same
-server, at most twice (httpx drops the broken connection) (`engine/dropped_retries`); the client closes idle
-connections after 2 s, before the servers' 5-second keep-alive does, so that race is rare.
+server, at most twice, counted in `engine/dropped_retries`; httpx drops the broken connection.
+The client closes idle connections after 2 s, before the servers' 5-second keep-alive does, so
+that race is rare.
 
 Context: the first request to a server reads its largest context once (`model_info`: seekrl's
 `max_context`, vLLM's `max_model_len`, SGLang's `context_length` where its /model_info or
@@ -394,9 +395,9 @@ class RemoteEngine:
                 except httpx.TimeoutException:
                     self._fail(server, f"no answer to {path} within {key}={timeout_s:g} s")
                     raise _ServerFailed from None
-                except _DROPPED if not last_try else () as e:
-                    raise _ConnectionDropped from e
                 except httpx.TransportError as e:
+                    if isinstance(e, _DROPPED) and not last_try:
+                        raise _ConnectionDropped from e
                     self._fail(server, f"{type(e).__name__}: {e}".strip().rstrip(":"))
                     raise _ServerFailed from None
         finally:
