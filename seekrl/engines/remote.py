@@ -65,6 +65,7 @@ import torch
 from seekrl.engines.adapters import AdapterError, HTTPCall, get_api
 from seekrl.engines.weights import prune_weights, write_weights
 from seekrl.errors import EngineRequestError, EngineUnavailable
+from seekrl.httpclient import RESENDS, async_client, dropped_errors, timeout
 from seekrl.types import Completion, SamplingParams
 
 __all__ = ["RemoteEngine", "EngineUnavailable", "EngineRequestError"]
@@ -84,9 +85,8 @@ class _ConnectionDropped(Exception):
 
 
 # a connection the client reused just as the server closed it after its keep-alive timeout
-_DROPPED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
-_DROP_RETRIES = 2  # then the server is dead
-_KEEPALIVE_S = 2.0  # idle connections are closed here first: servers' keep-alive is 5 s (uvicorn, vLLM)
+# (seekrl/httpclient.py: RESENDS re-sends, then the server is dead)
+_DROPPED = dropped_errors()
 
 
 @dataclass(eq=False)
@@ -312,11 +312,8 @@ class RemoteEngine:
         if loop is self._loop and self._client is not None:
             return
         self._loop = loop
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        limits = httpx.Limits(max_connections=self.max_concurrent * len(self.servers) + 8, max_keepalive_connections=64,
-                              keepalive_expiry=_KEEPALIVE_S)
-        self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s)),
-                                         limits=limits)
+        self._client = async_client(token=self.token, timeout_s=self.timeout_s,
+                                    max_connections=self.max_concurrent * len(self.servers) + 8, max_keepalive=64)
         for s in self.servers:
             s.sem = asyncio.Semaphore(self.max_concurrent)
             if s.context_read is not None and not s.context_read.done():  # a read the previous loop left unfinished
@@ -364,7 +361,7 @@ class RemoteEngine:
         drops = 0
         while True:
             try:
-                return await self._request_once(server, call, control=control, counted=counted, last_try=drops >= _DROP_RETRIES)
+                return await self._request_once(server, call, control=control, counted=counted, last_try=drops >= RESENDS)
             except _ConnectionDropped:
                 drops += 1
                 self.counters["dropped_retries"] += 1
@@ -391,7 +388,7 @@ class RemoteEngine:
             async with server.sem:
                 try:
                     r = await self._client.request(call.method, server.url + call.path, json=call.json,
-                                                   timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)))
+                                                   timeout=timeout(timeout_s))
                 except httpx.TimeoutException:
                     self._fail(server, f"no answer to {path} within {key}={timeout_s:g} s")
                     raise _ServerFailed from None

@@ -52,6 +52,7 @@ import httpx
 from seekrl.engines.adapters import HTTPCall
 from seekrl.engines.wire import AdapterError, int_list, is_int, logprob, one_line
 from seekrl.errors import ConfigError, EngineRequestError, EngineUnavailable
+from seekrl.httpclient import sync_client
 
 __all__ = ["SCORING_APIS", "PROBE", "SeekrlScoring", "VLLMScoring", "TeacherClient", "vocab_digest"]
 
@@ -167,8 +168,7 @@ class TeacherClient:
         if api not in SCORING_APIS:
             raise ValueError(f"teacher api {api!r} is not one of {', '.join(SCORING_APIS)}")
         self.url, self.api, self.tries, self.chunk, self.backoff_s = url.rstrip("/"), SCORING_APIS[api](), max(1, tries), chunk, backoff_s
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)))
+        self.client = sync_client(base_url=self.url, token=token, timeout_s=timeout_s)
         self.requests = 0
 
     def _send(self, call: HTTPCall) -> Any:

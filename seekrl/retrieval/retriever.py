@@ -25,6 +25,7 @@ from typing import Protocol, runtime_checkable
 from seekrl.api.http import PerLoop
 from seekrl.data.corpus import Document, read_index_meta
 from seekrl.errors import ServiceUnavailable
+from seekrl.httpclient import async_client, send
 
 __all__ = ["Retriever", "SearchIndex", "LocalRetriever", "HTTPRetriever", "RetrieverError", "RetrieverUnavailable", "load_index"]
 
@@ -100,7 +101,9 @@ class HTTPRetriever:
 
     `url` is the full endpoint (".../retrieve"); a bare "http://host:port" gets "/retrieve"
     appended. `token` is sent as `Authorization: Bearer <token>`. One httpx.AsyncClient is kept
-    per event loop (connection pooling); `aclose()` releases it.
+    per event loop (connection pooling); `aclose()` releases it. A request whose connection broke
+    with no answer (a pooled connection the server closed) is sent again, twice at most
+    (seekrl/httpclient.py), and counted in `stats["resent"]`.
     """
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 30.0, max_connections: int = 64):
@@ -109,14 +112,14 @@ class HTTPRetriever:
         self.token = token
         self.timeout = timeout
         self.max_connections = max_connections
+        self.stats = {"resent": 0}
         self._clients = PerLoop(self._new_client)
 
     def _new_client(self):
-        import httpx
+        return async_client(token=self.token, timeout_s=self.timeout, max_connections=self.max_connections)
 
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
-        return httpx.AsyncClient(headers=headers, timeout=self.timeout, limits=limits)
+    def _resent(self) -> None:
+        self.stats["resent"] += 1
 
     async def search(self, queries: list[str], topk: int) -> Results:
         import httpx
@@ -125,7 +128,7 @@ class HTTPRetriever:
             return []
         payload = {"queries": list(queries), "topk": topk, "return_scores": True}
         try:
-            resp = await self._clients.get().post(self.url, json=payload)
+            resp = await send(self._clients.get(), "POST", self.url, json=payload, on_resend=self._resent)
         except httpx.HTTPError as e:
             raise RetrieverUnavailable(f"retrieval request to {self.url} failed: {type(e).__name__}: {e}") from e
         if resp.status_code >= 500:

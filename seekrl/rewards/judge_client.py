@@ -46,6 +46,7 @@ from typing import Any
 
 from seekrl.api.http import PerLoop
 from seekrl.errors import ConfigError, EngineRequestError, RewardUnavailable
+from seekrl.httpclient import async_client
 
 __all__ = ["JudgeClient", "JudgeCache", "CACHE_FILE", "chat_url"]
 
@@ -140,11 +141,7 @@ class JudgeClient:
         return {"temperature": self.temperature, "max_tokens": self.max_tokens}
 
     def _new_state(self) -> _LoopState:
-        import httpx
-
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
-        client = httpx.AsyncClient(headers=headers, limits=limits, timeout=httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s)))
+        client = async_client(token=self.token, timeout_s=self.timeout_s, max_connections=self.concurrency)
         return _LoopState(client, self.concurrency)
 
     async def ask(self, messages: list[dict], parse: Callable[[str], float]) -> float:

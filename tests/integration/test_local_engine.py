@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -267,14 +271,20 @@ def test_training_mode_is_restored_and_lora_model_generates(tiny_texts):
     assert (ref - torch.tensor(c.logprobs)).abs().max().item() < 1e-4
 
 
-@pytest.mark.slow
-def test_smollm2_gguf_greedy_and_logprobs():
-    from seekrl.models import load_model, smollm2_gguf_path
+def _smollm2_or_skip():
+    from seekrl.models import smollm2_gguf_path
 
     try:
-        smollm2_gguf_path()
+        return smollm2_gguf_path()
     except ValueError as e:
         pytest.skip(str(e))
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_greedy_and_logprobs():
+    from seekrl.models import load_model
+
+    _smollm2_or_skip()
     model, tok = load_model("smollm2")
     prompt = encode_chat(tok, [{"role": "user", "content": "What is the capital of France?"}])
     assert tok.decode(prompt).endswith("<|im_start|>assistant\n")
@@ -322,3 +332,47 @@ def test_errors_reach_the_caller_and_the_engine_keeps_working(tiny_model, tiny_t
         run(engine.generate([len(tiny_tokenizer) + 1000], SamplingParams(max_new_tokens=3)))
     c = run(engine.generate(prompts[0], SamplingParams(max_new_tokens=3)))
     assert len(c.token_ids) == 3
+
+
+def test_gguf_cache_is_keyed_by_content_not_by_path(tmp_path):
+    """Each checkout's virtual environment installs its own copy of the same GGUF: they share one
+    cache entry (0.5 GB each otherwise), and a changed file gets a new one."""
+    import shutil
+
+    from seekrl.gguf_cache import _gguf_key
+
+    gguf = _smollm2_or_skip()
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    a, b = shutil.copy(gguf, tmp_path / "a" / gguf.name), shutil.copy(gguf, tmp_path / "b" / gguf.name)
+    assert _gguf_key(Path(a)) == _gguf_key(Path(b)) == _gguf_key(gguf)
+    with open(b, "r+b") as f:  # one byte differs
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    assert _gguf_key(Path(b)) != _gguf_key(Path(a))
+
+
+@pytest.mark.slow
+def test_a_cache_that_cannot_be_written_falls_back_to_dequantizing_in_memory(tmp_path):
+    """A full disk (here: a file-size limit, so the 0.5 GB safetensors write fails mid-file) must
+    not stop a run: the model loads from the GGUF in memory, a warning says why, nothing is left."""
+    _smollm2_or_skip()
+    script = (
+        "import resource, signal, warnings\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"  # a write past the limit fails with EFBIG
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))\n"
+        "from seekrl.models import load_model\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    model, tok = load_model('smollm2')\n"
+        "print('WARN', [str(x.message) for x in w if 'cannot cache' in str(x.message)])\n"
+        "print('PARAMS', sum(p.numel() for p in model.parameters()))\n"
+    )
+    env = {**os.environ, "SEEKRL_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    warn = next(line for line in out.stdout.splitlines() if line.startswith("WARN"))
+    assert "cannot cache the dequantized SmolLM2" in warn and "dequantizing it in memory" in warn
+    assert "PARAMS 1345" in out.stdout  # 134.5M parameters: the real model loaded
+    assert list((tmp_path / "cache" / "gguf").iterdir()) == []  # no half-written entry or temp folder

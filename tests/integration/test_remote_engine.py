@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from live_server import LiveServer
+from live_server import LiveServer, RawServer
 
 from seekrl.data.tiny import make_tiny_tasks
 from seekrl.engines import LocalEngine
@@ -275,56 +275,6 @@ def test_an_empty_control_answer_reads_as_json(tiny_tokenizer, sharp_tiny):
         assert engine.metrics()["engine/server_failures"] == 0.0
 
 
-class _DroppingServer:
-    """A raw HTTP/1.1 server on 127.0.0.1 that reads each request and, for the first `drops`
-    requests, closes the connection with no answer (what a server does to a keep-alive connection
-    it closed as the request went out); later requests get `200 {"ok": true}`."""
-
-    def __init__(self, drops: int):
-        import socket
-        import threading
-
-        self.drops, self.seen = drops, 0
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        import socket
-
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (socket.timeout, OSError):
-                continue
-            with conn:
-                conn.settimeout(5)
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
-                while len(body) < length:
-                    body += conn.recv(65536)
-                self.seen += 1
-                if self.seen <= self.drops:
-                    continue  # closed with no answer
-                answer = b'{"ok": true}'
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer))
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(timeout=5)
-        self.sock.close()
-
-
 @pytest.mark.parametrize("drops", [1, 2, 3])
 def test_a_dropped_connection_is_sent_again_not_a_dead_server(drops):
     """A connection closed with no answer (a keep-alive connection the server had just closed) is
@@ -332,7 +282,7 @@ def test_a_dropped_connection_is_sent_again_not_a_dead_server(drops):
     from seekrl.engines.adapters import HTTPCall
     from seekrl.engines.remote import _ServerFailed
 
-    server = _DroppingServer(drops)
+    server = RawServer(drops=drops)
     try:
         engine = RemoteEngine([server.url], timeout_s=10)
 

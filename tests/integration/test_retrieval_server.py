@@ -15,7 +15,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 
-from live_server import LiveServer, free_port  # noqa: E402
+from live_server import LiveServer, RawServer, free_port  # noqa: E402
 
 from seekrl.data.corpus import Document  # noqa: E402
 from seekrl.retrieval.bm25 import BM25Index  # noqa: E402
@@ -211,6 +211,51 @@ def test_http_retriever_unreachable():
 
     with pytest.raises(RetrieverError, match="failed"):
         asyncio.run(run())
+
+
+ANSWER = b'{"result": [[{"document": {"id": "0", "contents": "\\"Paris\\"\\nParis is in France."}, "score": 2.5}]]}'
+
+
+@pytest.mark.parametrize("drops", [1, 2, 3])
+def test_http_retriever_resends_a_request_whose_connection_broke(drops):
+    """A connection closed with no answer (a pooled connection the server had just closed) is
+    sent again, twice at most; a third is a failed search, named, as for a dead server."""
+
+    async def run():
+        async with HTTPRetriever(server.url, timeout=10) as r:
+            try:
+                return await r.search(["capital of France"], 1)
+            finally:
+                stats.update(r.stats)
+
+    stats = {}
+    with RawServer(ANSWER, drops=drops) as server:
+        if drops <= 2:
+            [[(doc, score)]] = asyncio.run(asyncio.wait_for(run(), 60))
+            assert doc.title == "Paris" and score == 2.5
+        else:
+            with pytest.raises(RetrieverError, match="RemoteProtocolError|ReadError"):
+                asyncio.run(asyncio.wait_for(run(), 60))
+        assert stats["resent"] == min(drops, 2) and server.seen == min(drops + 1, 3)
+
+
+def test_http_clients_close_idle_connections_before_the_servers_keep_alive():
+    """Servers close an idle connection after 5 s (uvicorn, vLLM); seekrl's clients close theirs
+    after KEEPALIVE_S, so a request never goes out on a connection the server is closing."""
+    from seekrl.httpclient import KEEPALIVE_S
+
+    async def run():
+        async with HTTPRetriever(server.url, timeout=10) as r:
+            await r.search(["a"], 1)
+            await r.search(["b"], 1)  # at once: the same connection
+            at_once = server.connections
+            await asyncio.sleep(KEEPALIVE_S + 0.5)
+            await r.search(["c"], 1)  # idle for longer than KEEPALIVE_S: a new one
+            return at_once, server.connections
+
+    assert KEEPALIVE_S < 5
+    with RawServer(ANSWER) as server:
+        assert asyncio.run(asyncio.wait_for(run(), 60)) == (1, 2)
 
 
 def test_search_failure_is_a_500_and_counted():
