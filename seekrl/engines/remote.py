@@ -65,7 +65,7 @@ import torch
 from seekrl.engines.adapters import AdapterError, HTTPCall, get_api
 from seekrl.engines.weights import prune_weights, write_weights
 from seekrl.errors import EngineRequestError, EngineUnavailable
-from seekrl.httpclient import RESENDS, async_client, dropped_errors, timeout
+from seekrl.httpclient import async_client, send, timeout
 from seekrl.types import Completion, SamplingParams
 
 __all__ = ["RemoteEngine", "EngineUnavailable", "EngineRequestError"]
@@ -77,16 +77,6 @@ class _ServerFailed(Exception):
 
 class _ServerPaused(Exception):
     """A 503 from a server that is being paused or synced: retry later on the same server."""
-
-
-class _ConnectionDropped(Exception):
-    """The connection broke with no answer (a reused keep-alive connection the server had just
-    closed): send the request again to the same server."""
-
-
-# a connection the client reused just as the server closed it after its keep-alive timeout
-# (seekrl/httpclient.py: RESENDS re-sends, then the server is dead)
-_DROPPED = dropped_errors()
 
 
 @dataclass(eq=False)
@@ -322,6 +312,9 @@ class RemoteEngine:
         if not self._paused:
             self._unpaused.set()
 
+    def _dropped(self) -> None:
+        self.counters["dropped_retries"] += 1
+
     def _live(self) -> list[_Server]:
         live = [s for s in self.servers if s.alive]
         if not live:
@@ -358,13 +351,9 @@ class RemoteEngine:
         An empty 2xx answer (SGLang's /abort_request) reads as {}."""
         deadline = time.monotonic() + self.timeout_s
         wait = 0.05
-        drops = 0
         while True:
             try:
-                return await self._request_once(server, call, control=control, counted=counted, last_try=drops >= RESENDS)
-            except _ConnectionDropped:
-                drops += 1
-                self.counters["dropped_retries"] += 1
+                return await self._request_once(server, call, control=control, counted=counted)
             except _ServerPaused:
                 if time.monotonic() + wait > deadline:
                     self._fail(server, f"HTTP 503 on {call.path} while paused for longer than engine.timeout_s={self.timeout_s:g} s")
@@ -373,8 +362,7 @@ class RemoteEngine:
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, 1.0)
 
-    async def _request_once(self, server: _Server, call: HTTPCall, *, control: bool = False, counted: bool = True,
-                            last_try: bool = True):
+    async def _request_once(self, server: _Server, call: HTTPCall, *, control: bool = False, counted: bool = True):
         path = call.path.split("?", 1)[0]
         is_pause, is_resume = call.path in self._pause_paths, call.path in self._resume_paths
         if is_pause:  # from the moment it is sent: a request answered 503 by the pausing server is "paused"
@@ -387,14 +375,12 @@ class RemoteEngine:
         try:
             async with server.sem:
                 try:
-                    r = await self._client.request(call.method, server.url + call.path, json=call.json,
-                                                   timeout=timeout(timeout_s))
+                    r = await send(self._client, call.method, server.url + call.path, json=call.json,
+                                   timeout=timeout(timeout_s), on_resend=self._dropped)
                 except httpx.TimeoutException:
                     self._fail(server, f"no answer to {path} within {key}={timeout_s:g} s")
                     raise _ServerFailed from None
                 except httpx.TransportError as e:
-                    if isinstance(e, _DROPPED) and not last_try:
-                        raise _ConnectionDropped from e
                     self._fail(server, f"{type(e).__name__}: {e}".strip().rstrip(":"))
                     raise _ServerFailed from None
         finally:
