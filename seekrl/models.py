@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from seekrl.errors import ConfigError
-from seekrl.gguf_cache import SMOLLM2_GGUF, SMOLLM2_PACKAGE, forget_gguf, gguf_as_folder, smollm2_gguf_path
+from seekrl.gguf_cache import SMOLLM2_GGUF, SMOLLM2_PACKAGE, forget_gguf, load_gguf, smollm2_gguf_path
 from seekrl.schema import Range
 
 __all__ = ["ModelConfig", "load_policy", "load_model", "check_model_folder", "seed_everything", "unwrap_module", "is_peft",
@@ -404,18 +404,18 @@ def load_policy(m: ModelConfig, *, seed: int = 0, tiny_texts: list[str] | None =
         if gguf is not None:
             if not gguf.is_file():
                 raise ValueError(f"model.path: GGUF file '{gguf}' does not exist")
-            folder = gguf_as_folder(gguf)
-            src = dict(pretrained_model_name_or_path=folder) if folder else dict(
-                pretrained_model_name_or_path=gguf.parent, gguf_file=gguf.name
-            )
+            src = None
         elif (Path(path) / "config.json").is_file():
             check_model_folder(path)  # config.json and safetensors headers: one line naming the bad file
             src = dict(pretrained_model_name_or_path=path)
         else:
             raise ValueError(f"model.path '{path}' is not a folder with config.json, a .gguf file, 'tiny' or 'smollm2'")
         try:
-            tokenizer = AutoTokenizer.from_pretrained(**src)
-            model = forget_gguf(AutoModelForCausalLM.from_pretrained(**src, dtype=torch_dtype))
+            if src is None:  # dequantized once, through the cache of seekrl/gguf_cache.py
+                model, tokenizer = load_gguf(gguf, torch_dtype)
+            else:
+                tokenizer = AutoTokenizer.from_pretrained(**src)
+                model = forget_gguf(AutoModelForCausalLM.from_pretrained(**src, dtype=torch_dtype))
         except Exception as e:  # a damaged or foreign folder / file: one line, not a loader traceback
             what = " ".join(str(e).split())
             what = what if len(what) <= 400 else what[:397] + "..."

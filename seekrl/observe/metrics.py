@@ -118,6 +118,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "engine/retries": ("rl", "calls re-sent to another server"),
     "engine/paused_retries": ("rl", "requests sent again to a server that answered 503 while paused for a weight sync"),
     "engine/dropped_retries": ("rl", "requests sent again to the same server after the connection broke with no answer (a keep-alive connection it had just closed)"),
+    "tools/<tool>/resent": ("rl", "requests a tool's retrieval client sent again after the connection broke with no answer, over the run (tools.retriever as a server URL)"),
     # SFT (train/sft.py)
     "loss": ("sft", "cross-entropy per trained (assistant) token"),
     "grad_norm": ("sft", "gradient norm before clipping"),

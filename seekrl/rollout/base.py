@@ -48,6 +48,10 @@ __all__ = ["Workflow", "RolloutBatch", "RolloutSource"]
 
 @runtime_checkable
 class Workflow(Protocol):
+    """Plays one task `n` times on an engine. A workflow may also have `metrics() -> dict[str,
+    float]`, run-level counters the rollout adds to every step's metrics (the tool agent's
+    `tools/<tool>/<counter>`); it is optional, so not part of the protocol."""
+
     def prompt_ids(self, task: Task) -> list[int]: ...
 
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup: ...

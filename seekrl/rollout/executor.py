@@ -81,11 +81,15 @@ def staleness(groups: list[TrajectoryGroup], trained_version: int) -> tuple[floa
     return sum(gaps) / len(gaps), float(max(gaps))
 
 
-def batch_metrics(groups, trained_version: int, *, interrupted: int, queue: int, wait_s: float) -> dict[str, float]:
+def batch_metrics(groups, trained_version: int, *, interrupted: int, queue: int, wait_s: float,
+                  workflow: Workflow | None = None) -> dict[str, float]:
+    """The step's rollout metrics, and the workflow's own run-level counters when it has a
+    `metrics()` (the tool agent's `tools/<name>/<counter>`)."""
     mean, worst = staleness(groups, trained_version)
+    counters = getattr(workflow, "metrics", None)
     return {
         "rollout/staleness/mean": mean, "rollout/staleness/max": worst, "rollout/interrupted": float(interrupted),
-        "rollout/queue": float(queue), "time/wait_s": wait_s,
+        "rollout/queue": float(queue), "time/wait_s": wait_s, **(counters() if counters is not None else {}),
     }
 
 
@@ -115,7 +119,7 @@ class SyncRollout:
                 return await collect(self.workflow, self.engine, more, self.group_size, seeded)
 
             groups, refilled = await refill(groups, draw=self.iterator.next_batch, roll=roll, max_rounds=self.refill_rounds)
-        metrics = batch_metrics(groups, step - 1, interrupted=0, queue=0, wait_s=time.perf_counter() - t0)
+        metrics = batch_metrics(groups, step - 1, interrupted=0, queue=0, wait_s=time.perf_counter() - t0, workflow=self.workflow)
         return RolloutBatch(groups, {**metrics, **refilled})
 
     async def publish(self, model: torch.nn.Module, version: int) -> None:
@@ -218,7 +222,8 @@ class AsyncRollout:
         cut = self.engine.interrupted - self._interrupted_seen
         self._interrupted_seen = self.engine.interrupted
         wait_s = time.perf_counter() - t0
-        return RolloutBatch(groups, batch_metrics(groups, step - 1, interrupted=cut, queue=len(self.done), wait_s=wait_s))
+        return RolloutBatch(groups, batch_metrics(groups, step - 1, interrupted=cut, queue=len(self.done), wait_s=wait_s,
+                                                  workflow=self.workflow))
 
     async def publish(self, model: torch.nn.Module, version: int) -> None:
         """New weights: cut the turns in flight, load, continue them; admission may go on."""

@@ -174,13 +174,16 @@ def schema_from_function(fn: Callable) -> dict:
 
 @dataclass
 class FunctionTool:
-    """A Tool made from a typed function by `@tool`. Calling it awaits the function (sync ones in a thread)."""
+    """A Tool made from a typed function by `@tool`. Calling it awaits the function (sync ones in a thread).
+    `counters`, when set, gives the run-level counters of what the tool calls (e.g. the retrieval
+    client's re-sent requests), which ToolExecutor.metrics() reports as `tools/<name>/<counter>`."""
 
     fn: Callable
     name: str
     description: str
     parameters: dict
     policy: ToolPolicy = field(default_factory=ToolPolicy)
+    counters: Callable[[], dict[str, float]] | None = None
 
     async def __call__(self, **kwargs: Any) -> str:
         if inspect.iscoroutinefunction(self.fn):

@@ -132,6 +132,16 @@ class ToolExecutor:
             sem = self._sems[name] = asyncio.Semaphore(max(1, limit))
         return sem
 
+    def metrics(self) -> dict[str, float]:
+        """The tools' run-level counters (`FunctionTool.counters`), as `tools/<name>/<counter>`:
+        e.g. `tools/search/resent`, the retrieval requests sent again after a dropped connection."""
+        out: dict[str, float] = {}
+        for name in self.registry.names():
+            counters = getattr(self.registry.get(name), "counters", None)
+            if counters is not None:
+                out.update({f"tools/{name}/{k}": float(v) for k, v in counters().items()})
+        return out
+
     async def run_many(self, calls: list[ToolCall], state: EpisodeToolState) -> list[ToolResult]:
         return list(await asyncio.gather(*(self.run(c, state) for c in calls)))
 

@@ -46,4 +46,8 @@ def make_search_tool(retriever, topk: int = 3, name: str = "search", policy: Too
         hits = (await retriever.search([query], topk))[0]
         return format_passages(hits, passage_words) if hits else "No results."
 
-    return tool(search, name=name, policy=policy or ToolPolicy(timeout_s=30.0, retries=1, cache_size=4096))
+    t = tool(search, name=name, policy=policy or ToolPolicy(timeout_s=30.0, retries=1, cache_size=4096))
+    stats = getattr(retriever, "stats", None)  # HTTPRetriever: {"resent": n}
+    if isinstance(stats, dict):
+        t.counters = lambda: dict(stats)
+    return t

@@ -144,6 +144,10 @@ class ToolAgentWorkflow:
     def close(self) -> None:
         """Nothing to release (the tool executor's clients belong to the run)."""
 
+    def metrics(self) -> dict[str, float]:
+        """The tools' run-level counters (`tools/<name>/<counter>`), in every step's metrics."""
+        return self.executor.metrics()
+
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
         params = params or self.params
         prompt_ids = self.prompt_ids(task)

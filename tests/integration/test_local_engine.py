@@ -356,18 +356,27 @@ def test_gguf_cache_is_keyed_by_content_not_by_path(tmp_path):
 @pytest.mark.slow
 def test_a_cache_that_cannot_be_written_falls_back_to_dequantizing_in_memory(tmp_path):
     """A full disk (here: a file-size limit, so the 0.5 GB safetensors write fails mid-file) must
-    not stop a run: the model loads from the GGUF in memory, a warning says why, nothing is left."""
+    not stop a run: the model loads from the GGUF in memory, dequantized once (not again after the
+    failed write), a warning says why, nothing is left."""
     _smollm2_or_skip()
     script = (
         "import resource, signal, warnings\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"  # a write past the limit fails with EFBIG
         "resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))\n"
+        "import transformers\n"
+        "reads = []\n"
+        "_orig = transformers.AutoModelForCausalLM.from_pretrained\n"
+        "def _counted(*a, **k):\n"
+        "    reads.append(k.get('gguf_file'))\n"
+        "    return _orig(*a, **k)\n"
+        "transformers.AutoModelForCausalLM.from_pretrained = _counted\n"
         "from seekrl.models import load_model\n"
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
         "    model, tok = load_model('smollm2')\n"
         "print('WARN', [str(x.message) for x in w if 'cannot cache' in str(x.message)])\n"
         "print('PARAMS', sum(p.numel() for p in model.parameters()))\n"
+        "print('GGUF_READS', sum(f is not None for f in reads), 'DTYPE', next(model.parameters()).dtype)\n"
     )
     env = {**os.environ, "SEEKRL_CACHE": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
@@ -375,4 +384,5 @@ def test_a_cache_that_cannot_be_written_falls_back_to_dequantizing_in_memory(tmp
     warn = next(line for line in out.stdout.splitlines() if line.startswith("WARN"))
     assert "cannot cache the dequantized SmolLM2" in warn and "dequantizing it in memory" in warn
     assert "PARAMS 1345" in out.stdout  # 134.5M parameters: the real model loaded
+    assert "GGUF_READS 1 DTYPE torch.float32" in out.stdout  # dequantized once: the failed write's model is the one returned
     assert list((tmp_path / "cache" / "gguf").iterdir()) == []  # no half-written entry or temp folder

@@ -270,3 +270,35 @@ def test_search_failure_is_a_500_and_counted():
         assert info["stats"]["errors"] == 1 and info["documents"] is None
     with pytest.raises(TypeError, match="needs a Retriever"):
         make_app(object())
+
+
+def test_resent_searches_reach_the_step_metrics(tiny_tokenizer):
+    """A retrieval request sent again after a dropped connection is counted where a run reads it:
+    the search tool's counter, through the tool executor and the tool agent, in every step's
+    rollout metrics as `tools/search/resent`."""
+    from seekrl.rewards.rubric import Rubric
+    from seekrl.rollout.executor import batch_metrics
+    from seekrl.tools import get_format
+    from seekrl.tools.config import ToolsConfig
+    from seekrl.tools.setup import make_tool_executor
+    from seekrl.types import Completion, SamplingParams, Task
+    from seekrl.workflows.tool_agent import ToolAgentWorkflow
+
+    class TwoTurns:  # a search, then the answer
+        async def generate(self, prompt_ids, params):
+            seen = "</information>" in tiny_tokenizer.decode(prompt_ids)
+            ids = tiny_tokenizer.encode("<answer> Paris </answer>" if seen else "<search> capital of France </search>",
+                                        add_special_tokens=False)
+            return Completion(ids, [-0.5] * len(ids), "stop", 0)
+
+    task = Task(id="t0", prompt=[{"role": "user", "content": "Question: what is the capital of France?"}], answer="Paris")
+    with RawServer(ANSWER, drops=1) as server:
+        executor = make_tool_executor(ToolsConfig(retriever=server.url))
+        wf = ToolAgentWorkflow(tiny_tokenizer, SamplingParams(max_new_tokens=32), Rubric(["qa_em"]), get_format("search_r1"), executor)
+        assert wf.metrics() == {"tools/search/resent": 0.0}
+        group = asyncio.run(asyncio.wait_for(wf.run(task, TwoTurns(), 1), 60))
+    [t] = group.trajectories
+    assert t.finish_reason == "answered" and "Paris is in France." in t.text and group.rewards == [1.0]
+    assert server.seen == 2  # the dropped request and its re-send
+    metrics = batch_metrics([group], 0, interrupted=0, queue=0, wait_s=0.0, workflow=wf)
+    assert metrics["tools/search/resent"] == 1.0
