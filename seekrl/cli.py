@@ -1,4 +1,4 @@
-"""`seekrl` command line: train, launch, sft, eval, curriculum, index, serve (retriever, mcp, policy), config.
+"""`seekrl` command line: train, launch, sft, eval, curriculum, index, serve (retriever, mcp, policy), config, cache.
 
     seekrl train examples/tiny_grpo.yaml train.steps=50 algo.name=ppo
     seekrl launch examples/tiny_grpo.yaml cluster.engine_servers=2   # trainer ranks + engine servers on Ray
@@ -16,6 +16,7 @@
     seekrl config examples/tiny_grpo.yaml          # print the resolved config
     seekrl config --reference                      # every key with its docstring
     seekrl report runs/tiny_grpo [--out PATH]      # HTML report + PNG plots + trajectories page
+    seekrl cache list | prune [--dry-run]          # the dequantized-GGUF cache: what a load reads, delete the rest
 
 Bad input (config, data) exits with status 2 and one line naming the problem and the fix.
 """
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 # Busy-waiting OpenMP threads make small torch ops 10-100x slower when the cores are shared (the
 # engine's thread and the trainer, or other processes); passive waiting costs nothing measurable
@@ -105,6 +107,16 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("config", nargs="?")
     c.add_argument("overrides", nargs="*")
     c.add_argument("--reference", action="store_true", help="print every section.key with its default and meaning")
+    ca = sub.add_parser("cache", help="the cache of dequantized GGUF models ($SEEKRL_CACHE/gguf): list its folders, prune those no load reads")
+    cas = ca.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
+    for name, what in (("list", "every folder, its size, and whether a load reads it (current)"),
+                       ("prune", "delete the folders no load reads: other transformers versions, old path-keyed entries, GGUF files not kept")):
+        a = cas.add_parser(name, help=what)
+        a.add_argument("--keep", action="append", default=None, metavar="GGUF",
+                       help="a .gguf file whose entry is current (repeatable; default: the installed SmolLM2)")
+        if name == "prune":
+            a.add_argument("--all", action="store_true", help="delete the current entries too (the next load re-creates them)")
+            a.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     rp = sub.add_parser("report", help="write an HTML report (PNG plots, sample trajectories) for a run folder")
     rp.add_argument("run_dir", help="run folder (runs/<log.name>)")
     rp.add_argument("--out", default=None, help="HTML file to write (default: RUN_DIR/report.html)")
@@ -134,6 +146,29 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 from seekrl.servers.mcp import run_from_args
             run_from_args(args)
+            return 0
+        if args.command == "cache":
+            from seekrl.gguf_cache import cache_entries, prune_cache
+
+            keep = None
+            if args.keep:
+                keep = [Path(k) for k in args.keep]
+                missing = [str(k) for k in keep if not k.is_file()]
+                if missing:
+                    print(f"seekrl: error: --keep: no such GGUF file: {', '.join(missing)}", file=sys.stderr)
+                    return 2
+            if args.cache_command == "list":
+                entries = cache_entries(keep)
+                for e in entries:
+                    print(f"{e.bytes / 1e6:9.1f} MB  {'current' if e.current else 'unused '}  {e.path}")
+                print(f"{sum(e.bytes for e in entries) / 1e6:.1f} MB in {len(entries)} folders, "
+                      f"{sum(e.bytes for e in entries if not e.current) / 1e6:.1f} MB unused (seekrl cache prune)")
+            else:
+                gone = prune_cache(keep, everything=args.all, dry_run=args.dry_run)
+                for e in gone:
+                    print(f"{'would delete' if args.dry_run else 'deleted'} {e.bytes / 1e6:.1f} MB  {e.path}")
+                print(f"{'would free' if args.dry_run else 'freed'} {sum(e.bytes for e in gone) / 1e6:.1f} MB "
+                      f"({len(gone)} folders)")
             return 0
         if args.command == "config":
             from seekrl.config import load_config, reference_markdown

