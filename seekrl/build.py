@@ -47,7 +47,7 @@ from seekrl.rollout.config import sampling_params
 from seekrl.rollout.executor import make_rollout
 from seekrl.train.agreement import AgreementCheck
 from seekrl.train.batching import FORWARD_METHODS
-from seekrl.train.compute import set_autocast
+from seekrl.train.compute import set_autocast, trainer_precision
 from seekrl.train.packing import can_pack
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
 from seekrl.train.ptx import PtxAnchor
@@ -257,9 +257,10 @@ def build_rl(cfg: Config) -> RLRun:
 
 def _shard(model: torch.nn.Module, cfg: Config, ranks: Ranks) -> torch.nn.Module:
     """FSDP2 over the ranks (its own bf16 compute); one process: as it is, under autocast with train.mixed_precision=bf16."""
+    precision = trainer_precision(cfg.train.mixed_precision, next(model.parameters()).device.type)
     if not ranks.sharded:
-        set_autocast(model, torch.bfloat16 if cfg.train.mixed_precision == "bf16" else None)
-    return shard_model(model, ranks, cfg.train.mixed_precision, FORWARD_METHODS)
+        set_autocast(model, torch.bfloat16 if precision == "bf16" else None)
+    return shard_model(model, ranks, precision, FORWARD_METHODS)
 
 
 def ptx_anchor(cfg: Config, rows: list, model, tokenizer) -> PtxAnchor:
@@ -283,7 +284,7 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
     exact = ranks.broadcast_json(  # the engine's log-probs equal the trainer's on the same weights (rank 0 knows its engine)
         next(model.parameters()).dtype == torch.float32 and (engine is None or engine.exact_logprobs)
         and not (is_sharded(model) and model.device.type == "cuda")  # bf16 compute under FSDP mixed precision
-        and t.mixed_precision != "bf16"  # the trainer computes in bf16: its log-probs are not the fp32 engine's
+        and trainer_precision(t.mixed_precision, next(model.parameters()).device.type) != "bf16"  # the trainer computes in bf16: its log-probs are not the fp32 engine's
     )
     trainer = policy_trainer(cfg, model, tokenizer.pad_token_id, ref_model=ref_model, ranks=ranks,
                              correction=mismatch_correction(a, exact), ptx=ptx)
@@ -436,7 +437,8 @@ def build_sft(cfg: Config) -> SFTRun:
     run_dir = run_folder(cfg)
     seed_everything(cfg.train.seed)
     model, tokenizer = _policy(cfg, tiny_texts(train_convs + eval_convs) if m.path == "tiny" else None)
-    set_autocast(model, torch.bfloat16 if cfg.train.mixed_precision == "bf16" else None)
+    precision = trainer_precision(cfg.train.mixed_precision, next(model.parameters()).device.type)
+    set_autocast(model, torch.bfloat16 if precision == "bf16" else None)
     train_ex = tokenize_examples(tokenizer, train_convs, m.max_context, "data.train")
     eval_ex = tokenize_examples(tokenizer, eval_convs, m.max_context, "data.eval") if eval_convs else []
     return SFTRun(train=cfg.train, log=cfg.log, eval_every=cfg.eval.every, batch_size=cfg.rollout.batch_size, shuffle=d.shuffle,

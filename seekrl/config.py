@@ -79,8 +79,8 @@ class DemoConfig:
     """`seekrl demo`: SFT learning rate."""
     sft_batch_size: int = 16
     """`seekrl demo`: SFT episodes per step."""
-    sft_precision: Literal["fp32", "bf16"] = "fp32"
-    """`seekrl demo --recipe hotpotqa_smollm2`: the SFT stage's train.mixed_precision: fp32, or bf16 (the decoder under bf16 autocast, fp32 weights and AdamW; about 1.7x faster a step on a CPU with avx512_bf16, BENCHMARKS.md)."""
+    sft_precision: Literal["fp32", "bf16", "bf16_if_native"] = "fp32"
+    """`seekrl demo --recipe hotpotqa_smollm2`: the SFT stage's train.mixed_precision: fp32, bf16 (the decoder under bf16 autocast, fp32 weights and AdamW; about 1.7x faster a step on a CPU with avx512_bf16, and up to 46x slower on an AVX2-only CPU, which emulates bf16; BENCHMARKS.md), or bf16_if_native (bf16 where the device computes it natively, fp32 elsewhere)."""
     eval_questions: int = 300
     """`seekrl demo --recipe hotpotqa_smollm2`: held-out questions of dev_distractor.jsonl (never trained on) for the before/after evals."""
     base_questions: int = 100

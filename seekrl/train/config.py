@@ -64,5 +64,5 @@ class TrainConfig:
     """With several trainer ranks: full (FSDP2 fully_shard: parameters, gradients and optimizer state sharded over all ranks) | hybrid (sharded within a node, replicated across nodes) | none (every rank holds the whole model; gradients all-reduced). One process: ignored."""
     dist_timeout_s: Annotated[float, Range(gt=0, text="> 0 seconds")] = 1800.0
     """Longest wait of a rank for the others (a collective, the controller's rollout): a rank that died or hangs ends the job after this, naming the rank."""
-    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """Trainer compute dtype: auto (several ranks on CUDA: bf16 compute with fp32 master weights and reductions; otherwise fp32) | bf16 (also one process, CPU or CUDA: the decoder under torch.autocast bf16, weights, AdamW state and the LM head's log-probs fp32; old log-probs recomputed under train.recompute_logprobs=auto) | fp32."""
+    mixed_precision: Literal["auto", "bf16", "bf16_if_native", "fp32"] = "auto"
+    """Trainer compute dtype: auto (several ranks on CUDA: bf16 compute with fp32 master weights and reductions; otherwise fp32) | bf16 (also one process, CPU or CUDA: the decoder under torch.autocast bf16, weights, AdamW state and the LM head's log-probs fp32; old log-probs recomputed under train.recompute_logprobs=auto; a warning where the device has no native bf16) | bf16_if_native (bf16 where the device computes it natively: a CPU with avx512_bf16 or AMX, a bf16 GPU; fp32 elsewhere, e.g. an AVX2-only CPU, which emulates bf16 up to 46x slower) | fp32."""

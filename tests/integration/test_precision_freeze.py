@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -182,3 +184,43 @@ def test_freeze_layers_errors_are_one_line(tiny_texts):
         load_config(None, ["model.freeze_layers=1", "model.lora_r=4"])
     model, _ = load_model("tiny", tiny_texts=tiny_texts, tiny_layers=3, freeze_layers=2)
     assert [all(not p.requires_grad for p in layer.parameters()) for layer in decoder_layers(model)] == [True, True, False]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_if_native_is_bf16_only_where_the_device_computes_it(tmp_path, monkeypatch, capsys, native):
+    """An AVX2-only CPU emulates bf16 (46x slower than fp32 for a matmul, BENCHMARKS.md):
+    `bf16_if_native` trains in bf16 where the device has it and in fp32 elsewhere, in the RL and
+    the SFT builds alike, and says which; an explicit `bf16` without it runs as asked, with a warning."""
+    from seekrl.build import build_rl, build_sft
+    from seekrl.train import compute
+
+    monkeypatch.setattr(compute.torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native, raising=False)
+    compute.native_bf16.cache_clear()
+    compute.trainer_precision.cache_clear()
+    try:
+        assert compute.native_bf16("cpu") is native
+        cfg = load_config("examples/tiny_grpo.yaml", [f"log.dir={tmp_path}", "log.name=rl", "log.progress=false", "train.steps=1",
+                                                      "train.mixed_precision=bf16_if_native"])
+        run = build_rl(cfg)
+        try:  # the exact fp32 engine's log-probs are reused only where the trainer computes in fp32
+            got = (getattr(run.model, "seekrl_autocast", None), run.reuse_engine_logprobs)
+        finally:
+            run.close()
+        assert got == ((torch.bfloat16, False) if native else (None, True))
+        chosen = "bf16" if native else "fp32"
+        assert f"seekrl: train.mixed_precision=bf16_if_native: {chosen} on this cpu" in capsys.readouterr().err
+
+        sft_rows = tmp_path / "sft.jsonl"
+        sft_rows.write_text('{"messages": [{"role": "user", "content": "copy: 1 2"}, {"role": "assistant", "content": "1 2"}]}\n')
+        sft = build_sft(load_config(None, [f"log.dir={tmp_path}", "log.name=sft", "log.progress=false", f"data.train={sft_rows}",
+                                           "train.mixed_precision=bf16_if_native"]))
+        assert getattr(sft.model, "seekrl_autocast", None) == (torch.bfloat16 if native else None)
+
+        with warnings.catch_warnings(record=True) as caught:  # an explicit bf16 runs as asked, warned where emulated
+            warnings.simplefilter("always")
+            assert compute.trainer_precision("bf16", "cpu") == "bf16"
+        assert [str(w.message).split(":")[1].strip() for w in caught] == ([] if native else ["train.mixed_precision=bf16 on a cpu without native bf16 (no avx512_bf16, AMX or bf16 GPU)"])
+    finally:
+        compute.native_bf16.cache_clear()
+        compute.trainer_precision.cache_clear()
+
