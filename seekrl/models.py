@@ -18,11 +18,13 @@ Try it: `python -c "from seekrl.models import load_model; print(load_model('smol
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import random
 import re
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -37,7 +39,7 @@ from seekrl.schema import Range
 __all__ = ["ModelConfig", "load_policy", "load_model", "check_model_folder", "seed_everything", "unwrap_module", "is_peft",
            "unwrap_peft", "train_tiny_tokenizer", "make_tiny_model", "save_tiny", "ensure_chat_template", "encode_chat", "ChatPrompts",
            "smollm2_gguf_path", "ValueModel", "make_value_model", "CHATML_TEMPLATE", "SMOLLM2_PACKAGE", "SMOLLM2_GGUF",
-           "HUB_ID", "freeze_lower_layers", "decoder_layers"]
+           "HUB_ID", "freeze_lower_layers", "decoder_layers", "native_bf16"]
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -349,6 +351,21 @@ class ChatPrompts:
 # Loading
 
 
+@functools.cache
+def native_bf16(device_type: str) -> bool:
+    """Whether `device_type` computes bf16 natively: CUDA with bf16 support; a CPU on which
+    oneDNN computes bf16 (avx512 with bf16 or AMX, or Arm's bf16), not an AVX2-only x86 CPU, which
+    emulates it (a matmul 46x slower than fp32, BENCHMARKS.md)."""
+    if device_type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device_type == "cpu":
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):  # a build without oneDNN
+            return False
+    return False
+
+
 def _resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -383,6 +400,10 @@ def load_policy(m: ModelConfig, *, seed: int = 0, tiny_texts: list[str] | None =
         raise ValueError(f"model.dtype '{m.dtype}' is not one of {sorted(_DTYPES)}")
     torch_dtype = _DTYPES[m.dtype]
     dev = _resolve_device(m.device)
+    if torch_dtype == torch.bfloat16 and not native_bf16(dev.type):
+        warnings.warn(f"seekrl: model.dtype=bfloat16 on a {dev.type} without native bf16 (no avx512_bf16, AMX or bf16 GPU): "
+                      "every matmul of the engine and the trainer is emulated (46x slower than fp32 on an AVX2-only CPU, "
+                      "BENCHMARKS.md); set model.dtype=float32", stacklevel=2)
     path, gguf_file, tiny_texts = str(m.path), m.gguf_file, tiny_texts
 
     if path == "tiny":

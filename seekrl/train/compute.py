@@ -6,7 +6,7 @@ decoder. (Under FSDP2, parallel/fsdp.py's own mixed precision does this instead.
 bf16 pays only where the hardware computes it: a CPU with avx512_bf16 or AMX runs the SmolLM2
 update about 1.7x faster under bf16 autocast, but a CPU with AVX2 only (no avx512) emulates it, 46x
 slower than float32 for a 1024x576x1536 matmul (BENCHMARKS.md). `bf16_if_native` is bf16 where
-the device has native bf16 (`native_bf16`) and fp32 elsewhere (`trainer_precision`); an explicit
+the device has native bf16 (`seekrl.models.native_bf16`) and fp32 elsewhere (`trainer_precision`); an explicit
 `bf16` on a device without it runs as asked, with a warning naming the fix.
 """
 
@@ -19,23 +19,9 @@ import warnings
 
 import torch
 
-from seekrl.models import unwrap_peft
+from seekrl.models import native_bf16, unwrap_peft
 
-__all__ = ["set_autocast", "trainer_autocast", "native_bf16", "trainer_precision"]
-
-
-@functools.cache
-def native_bf16(device_type: str) -> bool:
-    """Whether `device_type` computes bf16 natively: CUDA with bf16 support; a CPU on which
-    oneDNN computes bf16 (avx512 with bf16 or AMX, or Arm's bf16), not an AVX2-only x86 CPU."""
-    if device_type == "cuda":
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    if device_type == "cpu":
-        try:
-            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        except (AttributeError, RuntimeError):  # a build without oneDNN
-            return False
-    return False
+__all__ = ["set_autocast", "trainer_autocast", "trainer_precision"]
 
 
 @functools.cache

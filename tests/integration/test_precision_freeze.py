@@ -187,10 +187,11 @@ def test_freeze_layers_errors_are_one_line(tiny_texts):
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_bf16_if_native_is_bf16_only_where_the_device_computes_it(tmp_path, monkeypatch, capsys, native):
+def test_bf16_if_native_is_bf16_only_where_the_device_computes_it(tmp_path, monkeypatch, capsys, tiny_texts, native):
     """An AVX2-only CPU emulates bf16 (46x slower than fp32 for a matmul, BENCHMARKS.md):
     `bf16_if_native` trains in bf16 where the device has it and in fp32 elsewhere, in the RL and
-    the SFT builds alike, and says which; an explicit `bf16` without it runs as asked, with a warning."""
+    the SFT builds alike, and says which; an explicit `bf16` without it runs as asked, with a warning,
+    and so do bfloat16 weights (`model.dtype`)."""
     from seekrl.build import build_rl, build_sft
     from seekrl.train import compute
 
@@ -220,6 +221,12 @@ def test_bf16_if_native_is_bf16_only_where_the_device_computes_it(tmp_path, monk
             warnings.simplefilter("always")
             assert compute.trainer_precision("bf16", "cpu") == "bf16"
         assert [str(w.message).split(":")[1].strip() for w in caught] == ([] if native else ["train.mixed_precision=bf16 on a cpu without native bf16 (no avx512_bf16, AMX or bf16 GPU)"])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model, _ = load_model("tiny", tiny_texts=tiny_texts, dtype="bfloat16")
+        assert next(model.parameters()).dtype == torch.bfloat16
+        assert [str(w.message).split(":")[1].strip() for w in caught if "model.dtype" in str(w.message)] == (
+            [] if native else ["model.dtype=bfloat16 on a cpu without native bf16 (no avx512_bf16, AMX or bf16 GPU)"])
     finally:
         compute.native_bf16.cache_clear()
         compute.trainer_precision.cache_clear()
