@@ -32,10 +32,13 @@ demo-hotpotqa: $(STAMP)
 demo-tiny: $(STAMP)
 	$(BIN)/seekrl train examples/tiny_grpo.yaml
 
-# the architecture contract (.importlinter: layers, no cycles), then every test
+# the architecture contract (.importlinter: layers, no cycles), then every test, TEST_WORKERS test
+# files at a time (pytest-xdist; a file's tests stay on one worker, so its module fixtures run once):
+# most tests keep one core busy, so two workers on the 2-core CI take about 0.6x the time of one
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile
 
 # vLLM's CPU build in an environment of its own (it pins torch 2.13.0+cpu and transformers < 5.20):
 # engine.server_kind=vllm starts its servers with .venv-vllm/bin/python, and `make test` then runs

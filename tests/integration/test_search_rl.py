@@ -51,10 +51,16 @@ def _warm_start(comp, codes, steps=200):
             seg = tok.encode(text, add_special_tokens=False)
             ids += seg
             labels += seg if trained else [-100] * len(seg)
-        seqs.append((torch.tensor([ids]), torch.tensor([labels])))
+        seqs.append((ids, labels))
+    # one right-padded batch (padding is neither attended to nor a target): one forward a step
+    width = max(len(ids) for ids, _ in seqs)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in seqs])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in seqs])
+    mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in seqs])
     model.train()
     for _ in range(steps):
-        loss = sum(model(ids, labels=labels).loss for ids, labels in seqs) / len(seqs)
+        loss = model(ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
