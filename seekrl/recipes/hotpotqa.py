@@ -12,6 +12,10 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            (DIR/data/check.jsonl; its open questions, `answer_options`, also in
            DIR/data/check_open.jsonl), the rest to train on (DIR/data/train.jsonl). SFT and GRPO
            see only the train file.
+2b. share  (with `demo.sft_share` < 1) the first share of the train file (`sft_share_split`) to
+           DIR/data/train_sft.jsonl, which the teacher plays and SFT trains on, the rest to
+           DIR/data/train_rl.jsonl, which GRPO draws from: GRPO's questions are ones whose answers
+           SFT never saw
 3. teacher the scripted teacher (data/teacher.py, `first_query: question`) plays each train
            question with the real search tool: the question as its first query, the title of each
            gold paragraph still missing (the bridge entity) next, then the answer. Episodes whose
@@ -62,9 +66,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from seekrl.config import load_config
+from seekrl.config import ConfigError, load_config
 
-__all__ = ["run", "hotpotqa_split", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "learning_curve",
+__all__ = ["run", "hotpotqa_split", "sft_share_split", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "learning_curve",
            "check_from_curve", "DEFAULT_CONFIG", "SPLIT_KEY"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
@@ -85,6 +89,16 @@ def hotpotqa_split(rows: list[dict], n_eval: int, n_check: int) -> dict[str, lis
     order = sorted(range(len(rows)), key=lambda i: hashlib.sha256(f"{SPLIT_KEY}|{ids[i]}".encode()).hexdigest())
     chosen = [rows[i] for i in order]
     return {"heldout": chosen[:n_eval], "check": chosen[n_eval:n_eval + n_check], "train": chosen[n_eval + n_check:]}
+
+
+def sft_share_split(train: list[dict], share: float) -> tuple[list[dict], list[dict]]:
+    """(the teacher's and SFT's questions, GRPO's): the first round(share * n) training rows and the
+    rest. The train file is in the split's fixed hash order, so the shares are fixed too."""
+    k = round(share * len(train))
+    if not 0 < k < len(train):
+        raise ConfigError(f"demo.sft_share={share:g} of {len(train)} training questions leaves "
+                          f"{'SFT' if k == 0 else 'GRPO'} none: set it between {1 / len(train):.3g} and {1 - 1 / len(train):.3g}, or 1")
+    return train[:k], train[k:]
 
 
 def supported_episode(row: dict) -> bool:
@@ -322,6 +336,10 @@ def _results_markdown(res: dict) -> str:
         lines.append(f"Curriculum: of the first {c['measured']} training questions, the SFT model solved {c['kept']} in some but not all "
                      f"of {c['k']} samples (GRPO trains on these), {c['solved_by_all']} in all, "
                      f"{c['measured'] - c['solved_by_some_sample']} in none.")
+    split = res.get("split", {})
+    if "train_rl" in split:
+        lines.append(f"SFT's share (demo.sft_share): the teacher played {split['train_sft']} of the {split['train']} training questions; "
+                     f"GRPO drew only from the other {split['train_rl']}, whose answers SFT never saw.")
     t = res.get("teacher")
     if t:
         lines.append(f"Teacher: {t['kept']} SFT episodes kept of {t['episodes']} played ({t['gold']} with the gold answer, "
@@ -377,11 +395,28 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     console.print(f"split: {counts['train']} train, {counts['heldout']} held-out, {counts['check']} check questions")
     load_config(config, paths + overrides)  # the tool checks, now that the index exists
 
+    # demo.sft_share < 1: the teacher and SFT on the first share of the training questions, GRPO on the rest
+    teacher_train, rl_train = files["train"], files["train"]
+    if d.sft_share < 1:
+        teacher_train, rl_train = data_dir / "train_sft.jsonl", data_dir / "train_rl.jsonl"
+        stage("2b. share", f"the first {d.sft_share:g} of {files['train']} -> {teacher_train} (teacher, SFT), "
+                           f"the rest -> {rl_train} (GRPO)")
+        shares = sft_share_split(_read_jsonl(files["train"]), d.sft_share)
+        for f, rows in zip((teacher_train, rl_train), shares):
+            _write_jsonl(f, rows)
+        counts["train_sft"], counts["train_rl"] = (len(rows) for rows in shares)
+        console.print(f"SFT's share: the teacher plays {counts['train_sft']} training questions, "
+                      f"GRPO draws from the other {counts['train_rl']} (demo.sft_share={d.sft_share:g})")
+
     episodes, sft_rows = out_dir / "teacher.jsonl", out_dir / "teacher_sft.jsonl"
     # the teacher's episodes are kept by search_r1's parts (em, retrieved_gold), whatever reward GRPO is given
-    gen = [*paths, *overrides, "data.eval=null", "generate.endpoint=teacher", f"generate.out={episodes}", f"generate.n={d.teacher_n}",
-           "reward.functions=[search_r1]"]
+    gen = [*paths, *overrides, f"data.train={teacher_train}", "data.eval=null", "generate.endpoint=teacher",
+           f"generate.out={episodes}", f"generate.n={d.teacher_n}", "reward.functions=[search_r1]"]
     stage("3. teacher", cmd("generate", config, *gen))
+    made = out_dir / "teacher_counts.json"  # a rerun in DIR reuses the teacher and SFT stages: of the same share only
+    if made.is_file() and (was := json.loads(made.read_text()).get("sft_share", 1.0)) != d.sft_share:
+        raise ConfigError(f"{out_dir}'s teacher and SFT stages were made with demo.sft_share={was:g}, not {d.sft_share:g}: "
+                          f"use another --out, or demo.sft_share={was:g}")
     if not sft_rows.is_file():
         timed("teacher", jobs.generate, load_config(config, gen))
         gold = _read_jsonl(episodes)
@@ -389,7 +424,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         played = gold + (_read_jsonl(rejected) if rejected.is_file() else [])
         kept = [r for r in gold if supported_episode(r)]
         _write_jsonl(sft_rows, kept)
-        teacher = {"episodes": len(played), "gold": len(gold), "kept": len(kept),
+        teacher = {"sft_share": d.sft_share, "questions": teacher_train.name, "episodes": len(played), "gold": len(gold), "kept": len(kept),
                    "searches_per_episode": sum(r["metrics"]["tool_calls"] for r in kept) / max(1, len(kept))}
         (out_dir / "teacher_counts.json").write_text(json.dumps(teacher, indent=2))
     teacher = json.loads((out_dir / "teacher_counts.json").read_text())
@@ -417,11 +452,11 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         timed("sft", jobs.sft, load_config(config, sft_over))
     evals["sft"] = evaluate("sft", str(sft_model), "heldout")
 
-    grpo_train = files["train"]  # what GRPO (and the curriculum) draws from: demo.grpo_questions
+    grpo_train = rl_train  # what GRPO (and the curriculum) draws from: demo.sft_share, demo.grpo_questions
     if d.grpo_questions == "open":
         grpo_train = data_dir / "train_open.jsonl"
-        stage("6a. open", f"the open questions of {files['train']} (answer_options) -> {grpo_train}")
-        opened = [r for r in _read_jsonl(files["train"]) if answer_options(r)[0] == "open"]
+        stage("6a. open", f"the open questions of {rl_train} (answer_options) -> {grpo_train}")
+        opened = [r for r in _read_jsonl(rl_train) if answer_options(r)[0] == "open"]
         _write_jsonl(grpo_train, opened)
         counts["train_open"] = len(opened)
         console.print(f"GRPO trains on the {len(opened)} open training questions (demo.grpo_questions=open)")
@@ -446,7 +481,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         ptx_file = data_dir / "ptx.jsonl"
         stage("6c. ptx", f"the teacher's kept episodes of the training questions not in {grpo_train} -> {ptx_file}")
         held = _read_jsonl(sft_rows)
-        if grpo_train != files["train"]:  # demo.grpo_questions=open: the others' episodes
+        if grpo_train != files["train"]:  # demo.grpo_questions=open or demo.sft_share < 1: the others' episodes
             drawn = {str(r["_id"]) for r in _read_jsonl(grpo_train)}
             held = [r for r in held if str(r["id"]) not in drawn]
         if not held:

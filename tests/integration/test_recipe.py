@@ -197,3 +197,46 @@ def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path)
     metrics = [r for r in _lines(out / "grpo" / "metrics.jsonl") if r["step"] > 0]
     updated = [r for r in metrics if "loss/ptx" in r]  # steps where a group had reward spread (algo.filter_zero_std)
     assert metrics and all(r["loss/ptx"] > 0 and r["ptx/tokens"] > 0 for r in updated)
+
+
+def test_sft_share_gives_grpo_only_questions_sft_never_saw(recipe, tmp_path, capsys):
+    """demo.sft_share=0.5: the teacher plays (and SFT trains on) the first half of the training
+    questions, DIR/data/train_sft.jsonl; GRPO draws only from the other half, DIR/data/train_rl.jsonl
+    (then its open questions). A rerun in DIR with another share is one line, exit 2."""
+    import shutil
+
+    from seekrl.recipes.hotpotqa import answer_options, sft_share_split
+
+    out = tmp_path / "share"
+    shutil.copytree(recipe, out, ignore=shutil.ignore_patterns("teacher*", "sft*", "grpo*", "again_*", "check", "results.*",
+                                                               "report*", "stage_seconds.json"))
+    for f in out.rglob("*.yaml"):
+        f.write_text(f.read_text().replace(str(recipe), str(out)))
+    argv = ["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *SMALL, "demo.grpo_seeds=[0]", "demo.check_every=0",
+            "demo.grpo_questions=open", "demo.sft_share=0.5", "demo.ptx_coef=0.5"]
+    assert main(argv) == 0
+    assert "eval base" not in json.loads((out / "stage_seconds.json").read_text())  # the base eval was reused
+
+    train = _lines(out / "data" / "train.jsonl")
+    sft_q, rl_q = _lines(out / "data" / "train_sft.jsonl"), _lines(out / "data" / "train_rl.jsonl")
+    assert sft_q + rl_q == train and len(sft_q) == round(0.5 * len(train))
+    assert (sft_q, rl_q) == sft_share_split(train, 0.5)  # the train file's fixed order
+    sft_ids, rl_ids = {r["_id"] for r in sft_q}, {r["_id"] for r in rl_q}
+    counts = json.loads((out / "teacher_counts.json").read_text())
+    assert counts["episodes"] == len(sft_q) and counts["sft_share"] == 0.5
+    kept = _lines(out / "teacher_sft.jsonl")
+    assert kept and {r["id"] for r in kept} <= sft_ids  # SFT saw answers of its share only
+    assert f"train: {out / 'teacher_sft.jsonl'}" in (out / "sft" / "config.yaml").read_text()
+    opened = _lines(out / "data" / "train_open.jsonl")
+    assert opened == [r for r in rl_q if answer_options(r)[0] == "open"]
+    drawn = {r["task_id"] for f in (out / "grpo" / "trajectories").glob("*.jsonl") for r in _lines(f)}
+    assert drawn and drawn <= rl_ids and not drawn & sft_ids
+    assert _lines(out / "data" / "ptx.jsonl") == kept  # every SFT episode is outside GRPO's questions
+    res = json.loads((out / "results.json").read_text())
+    assert (res["split"]["train_sft"], res["split"]["train_rl"]) == (len(sft_q), len(rl_q))
+    assert f"GRPO drew only from the other {len(rl_q)}" in (out / "results.md").read_text()
+
+    capsys.readouterr()  # the teacher and SFT stages of DIR belong to share 0.5
+    assert main([*argv[:-2], "demo.sft_share=0.25", "demo.ptx_coef=0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("seekrl: error:") and "demo.sft_share=0.5, not 0.25" in err[-1]

@@ -22,7 +22,7 @@ from seekrl.data.loaders import builtin_rows, load_tasks
 from seekrl.data.teacher import ScriptedTeacher, gold_titles
 from seekrl.evaluate import score_trajectory, summarize
 from seekrl.generate import run_episode
-from seekrl.recipes.hotpotqa import hotpotqa_split, paired_bootstrap, supported_episode
+from seekrl.recipes.hotpotqa import hotpotqa_split, paired_bootstrap, sft_share_split, supported_episode
 from seekrl.retrieval.bm25 import BM25Index
 from seekrl.retrieval.retriever import LocalRetriever
 from seekrl.rewards import Rubric
@@ -182,3 +182,17 @@ def test_two_way_guesses_split_yes_no_either_or_and_open_questions():
     assert answer_options(rows[2]) == ("either-or", ("krzysztof zanussi", "thom andersen"), 0)
     assert answer_options(rows[4]) == ("either-or", ("vibe", "cooking light"), 0)
     assert answer_options(rows[1]) == ("yes/no", ("yes", "no"), 1) and answer_options(rows[6])[0] == "open"
+
+
+def test_sft_share_split_is_a_fixed_partition_and_refuses_an_empty_side():
+    from seekrl.config import ConfigError, load_config
+
+    train = [{"_id": str(i)} for i in range(10)]
+    assert sft_share_split(train, 0.3) == (train[:3], train[3:])
+    assert sft_share_split(train, 0.04 + 0.05) == (train[:1], train[1:])
+    for share, side in ((0.01, "SFT"), (0.97, "GRPO")):
+        with pytest.raises(ConfigError, match=f"leaves {side} none: set it between 0.1 and 0.9, or 1"):
+            sft_share_split(train, share)
+    for bad in ("0", "1.5", "-0.2"):  # the config refuses a share outside (0, 1] before anything runs
+        with pytest.raises(ConfigError, match="demo.sft_share"):
+            load_config(None, [f"demo.sft_share={bad}"])
