@@ -228,6 +228,8 @@ async def evaluate(workflow: Workflow, engine: InferenceEngine, tasks: list[Task
     each trajectory's `score_trajectory` added to its metrics as `score/<name>`)."""
     from tqdm import tqdm
 
+    counters = getattr(workflow, "metrics", None)  # the workflow's run-level counters (tools/<name>/<counter>)
+    before = counters() if counters is not None else {}
     with tqdm(total=len(tasks), desc="eval", unit="task", disable=not progress) as bar:
         groups = await collect(workflow, engine, tasks, n, params, progress=bar, max_in_flight=max_in_flight)
     # An infrastructure failure (engine, tool server, judge) says nothing of the model: left out of
@@ -241,6 +243,8 @@ async def evaluate(workflow: Workflow, engine: InferenceEngine, tasks: list[Task
     metrics = summarize(kept, primary, scores=scores)
     metrics.update({f"eval/excluded/{s}": float(c) for s, c in sorted(excluded.items())})
     metrics["eval/excluded_frac"] = sum(excluded.values()) / max(1, sum(len(g.trajectories) for g in groups))
+    if counters is not None:  # what this eval added (an eval during RL shares the training workflow's counters)
+        metrics.update({f"eval/{k}": v - before.get(k, 0.0) for k, v in counters().items()})
     return metrics, groups
 
 

@@ -140,6 +140,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "eval/<part>": ("rl, eval", "mean of one reward part"),
     "eval/excluded/<status>": ("rl, eval", "samples left out of the scores for an infrastructure failure (engine_error, tool_unavailable, reward_unavailable, agent_error)"),
     "eval/excluded_frac": ("rl, eval", "fraction of the samples left out for an infrastructure failure"),
+    "eval/tools/<tool>/resent": ("rl, eval", "requests a tool's retrieval client sent again after the connection broke with no answer, during the eval"),
     "eval/<scope>/<metric>": ("rl, eval", "any of the above per data source (when several) and per task kind"),
 }
 

@@ -275,7 +275,10 @@ def test_search_failure_is_a_500_and_counted():
 def test_resent_searches_reach_the_step_metrics(tiny_tokenizer):
     """A retrieval request sent again after a dropped connection is counted where a run reads it:
     the search tool's counter, through the tool executor and the tool agent, in every step's
-    rollout metrics as `tools/search/resent`."""
+    rollout metrics as `tools/search/resent`, and in an eval's metrics as what the eval re-sent
+    (`eval/tools/search/resent`)."""
+    from seekrl.evaluate import evaluate
+    from seekrl.observe.metrics import undocumented
     from seekrl.rewards.rubric import Rubric
     from seekrl.rollout.executor import batch_metrics
     from seekrl.tools import get_format
@@ -285,9 +288,11 @@ def test_resent_searches_reach_the_step_metrics(tiny_tokenizer):
     from seekrl.workflows.tool_agent import ToolAgentWorkflow
 
     class TwoTurns:  # a search, then the answer
+        query = "capital of France"
+
         async def generate(self, prompt_ids, params):
             seen = "</information>" in tiny_tokenizer.decode(prompt_ids)
-            ids = tiny_tokenizer.encode("<answer> Paris </answer>" if seen else "<search> capital of France </search>",
+            ids = tiny_tokenizer.encode("<answer> Paris </answer>" if seen else f"<search> {self.query} </search>",
                                         add_special_tokens=False)
             return Completion(ids, [-0.5] * len(ids), "stop", 0)
 
@@ -297,8 +302,15 @@ def test_resent_searches_reach_the_step_metrics(tiny_tokenizer):
         wf = ToolAgentWorkflow(tiny_tokenizer, SamplingParams(max_new_tokens=32), Rubric(["qa_em"]), get_format("search_r1"), executor)
         assert wf.metrics() == {"tools/search/resent": 0.0}
         group = asyncio.run(asyncio.wait_for(wf.run(task, TwoTurns(), 1), 60))
+        assert server.seen == 2  # the dropped request and its re-send
+        metrics = batch_metrics([group], 0, interrupted=0, queue=0, wait_s=0.0, workflow=wf)
+        server.drops = 3  # the eval's search (another query: the tool caches results) is dropped once too
+        TwoTurns.query = "the capital city of France"
+        scores, _ = asyncio.run(asyncio.wait_for(evaluate(wf, TwoTurns(), [task], 1, SamplingParams(max_new_tokens=32), "qa_em"), 60))
+        assert server.seen == 4
     [t] = group.trajectories
     assert t.finish_reason == "answered" and "Paris is in France." in t.text and group.rewards == [1.0]
-    assert server.seen == 2  # the dropped request and its re-send
-    metrics = batch_metrics([group], 0, interrupted=0, queue=0, wait_s=0.0, workflow=wf)
     assert metrics["tools/search/resent"] == 1.0
+    # `seekrl eval` (and an eval during RL) reports what its own episodes re-sent, not the run's total
+    assert scores["eval/em"] == 1.0 and scores["eval/tools/search/resent"] == 1.0 and wf.metrics()["tools/search/resent"] == 2.0
+    assert undocumented(scores) == []
