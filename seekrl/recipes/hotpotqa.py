@@ -424,7 +424,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         played = gold + (_read_jsonl(rejected) if rejected.is_file() else [])
         kept = [r for r in gold if supported_episode(r)]
         _write_jsonl(sft_rows, kept)
-        teacher = {"sft_share": d.sft_share, "questions": teacher_train.name, "episodes": len(played), "gold": len(gold), "kept": len(kept),
+        teacher = {"sft_share": d.sft_share, "episodes": len(played), "gold": len(gold), "kept": len(kept),
                    "searches_per_episode": sum(r["metrics"]["tool_calls"] for r in kept) / max(1, len(kept))}
         (out_dir / "teacher_counts.json").write_text(json.dumps(teacher, indent=2))
     teacher = json.loads((out_dir / "teacher_counts.json").read_text())

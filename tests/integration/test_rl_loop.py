@@ -155,7 +155,7 @@ def test_run_folder_contents(tmp_path):
 
 
 def _cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "seekrl.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return _clis(list(args), cwd=cwd)[0]
 
 
 def _clis(*argvs, cwd=ROOT, timeout=120):
