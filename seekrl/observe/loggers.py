@@ -7,7 +7,9 @@ event files go to `run_dir/tensorboard/` (view with `tensorboard --logdir run_di
 
 Resuming: `RunLogger(run_dir, resume_step=N)` drops the lines of metrics.jsonl whose step is
 greater than N (steps logged after the checkpoint that the run resumes from, which the resumed
-run logs again) and purges TensorBoard events after N, so no step appears twice.
+run logs again) and purges TensorBoard events after N, so no step appears twice. A fresh start
+(`resume_step=None`) in a folder an earlier attempt logged to (a rerun whose checkpoints were
+deleted) starts over: that attempt's step rows and events are dropped, not mixed with the new ones.
 
     logger = RunLogger("runs/demo", config=cfg_dict)
     logger.log({"reward/mean": 0.4, "loss/policy": 0.1}, step=1)
@@ -88,6 +90,7 @@ class RunLogger:
         wandb_project: W&B project name.
         config: the resolved run config, attached to W&B and to TensorBoard as text.
         resume_step: the step the run resumes from; later rows are dropped (module docstring).
+            None: a fresh start, which drops every step row an earlier attempt left in run_dir.
     """
 
     def __init__(
@@ -115,14 +118,14 @@ class RunLogger:
                 config=config,
                 resume="allow" if resume_step is not None else None,
             )
-        if resume_step is not None:
-            _truncate_after(self.path, resume_step)
+        kept_through = resume_step if resume_step is not None else -1  # a fresh start keeps no step (step 0: evals)
+        _truncate_after(self.path, kept_through)
         self._file = open(self.path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            purge = resume_step + 1 if resume_step is not None else None
+            purge = kept_through + 1
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=purge)
             if config is not None and resume_step is None:
                 text = json.dumps(config, indent=2, default=str)

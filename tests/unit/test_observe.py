@@ -114,6 +114,13 @@ def test_run_logger_jsonl_tensorboard_and_resume(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert rows[-1]["reward/mean"] == pytest.approx(0.9)
 
+    # a fresh start in the same folder (its checkpoints deleted) starts over: no row of the earlier
+    # attempt is mixed with the new ones (a sum of time/step_s would count both)
+    with RunLogger(run, tensorboard=False) as logger:
+        assert read_metrics(run) == []
+        logger.log({"reward/mean": 0.2}, step=1)
+    assert read_metrics(run) == [{"step": 1, "reward/mean": 0.2}]
+
 
 def test_run_logger_wandb_missing_is_one_clear_error(tmp_path):
     try:
