@@ -51,7 +51,13 @@ import re
 
 from seekrl.types import Task
 
-__all__ = ["ScriptedTeacher", "gold_titles"]
+__all__ = ["ScriptedTeacher", "gold_titles", "names_title"]
+
+
+def names_title(text: str, title: str) -> bool:
+    """Whether search results (`Doc i(Title: t) ...` lines, the title quoted or not) hold the
+    paragraph titled `title`."""
+    return f"(Title: {title})" in text or f'(Title: "{title}")' in text
 
 
 def gold_titles(task: Task) -> list[str]:
@@ -230,7 +236,7 @@ class ScriptedTeacher:
         answer = self._first(task.answer)
         can_search = "</answer>" not in stop or len(stop) > 1
         can_search = can_search and len(turns) < self.max_turns
-        missing = [t for t in titles if f"(Title: {t})" not in seen and f'(Title: "{t}")' not in seen]
+        missing = [t for t in titles if not names_title(seen, t)]
         if not turns and self._relation(task) in self.overconfident_relations and rng.random() < self.skip_search:
             return self._answer(self._guess(task, rng))
         if missing and len(missing) < len(titles) and rng.random() < self.stop_early:

@@ -118,7 +118,7 @@ class RunLogger:
                 config=config,
                 resume="allow" if resume_step is not None else None,
             )
-        kept_through = resume_step if resume_step is not None else -1  # a fresh start keeps no step (step 0: evals)
+        kept_through = resume_step if resume_step is not None else -1  # a fresh start keeps no step, not even step 0's eval
         _truncate_after(self.path, kept_through)
         self._file = open(self.path, "a", encoding="utf-8")
         self._tb = None

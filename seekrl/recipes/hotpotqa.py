@@ -43,7 +43,8 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            answer rate; wall time per stage; the GRPO gain over SFT with a paired-bootstrap 95%
            interval; EM by question type; the questions with two possible answers, yes/no and
            "X or Y?", against chance, the EM on the open rest and each seed's gain there
-           (`answer_options`, `two_way_guesses`)) and
+           (`answer_options`, `two_way_guesses`); which search retrieved the paragraphs each
+           question needs (`search_support`); these scores are in recipes/hotpotqa_scores.py) and
            DIR/report.html (plots of the GRPO run first)  (seekrl report)
 
 A longer budget is the same command with more steps (`train.steps=30`, `demo.sft_steps=210`): the
@@ -58,7 +59,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 import sys
 import time
@@ -67,8 +67,10 @@ from pathlib import Path
 from rich.console import Console
 
 from seekrl.config import ConfigError, load_config
+from seekrl.recipes.hotpotqa_scores import (answer_options, em_by_type, eval_answers, paired_bootstrap, question_types,
+                                            search_support, two_way_guesses)
 
-__all__ = ["run", "hotpotqa_split", "sft_share_split", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "learning_curve",
+__all__ = ["run", "hotpotqa_split", "sft_share_split", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support", "learning_curve",
            "check_from_curve", "DEFAULT_CONFIG", "SPLIT_KEY"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
@@ -124,81 +126,6 @@ def curriculum_counts(path: Path) -> dict:
             "solved_by_all": sum(t["n"] > 0 and t["correct"] == t["n"] for t in tasks)}
 
 
-def paired_bootstrap(before: list[float], after: list[float], n: int = 10_000, seed: int = 0) -> dict:
-    """Mean of after - before over paired questions, and its 95% percentile interval from `n`
-    resamples of the questions."""
-    import numpy as np
-
-    if len(before) != len(after) or not before:
-        raise ValueError(f"paired bootstrap needs two equal, non-empty lists, got {len(before)} and {len(after)}")
-    d = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, len(d), size=(n, len(d)))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return {"mean": float(d.mean()), "ci95": [float(lo), float(hi)], "n": len(d), "resamples": n}
-
-
-def question_types(rows: list[dict]) -> dict[str, str]:
-    """`_id` -> HotpotQA's question `type` (bridge | comparison) of a split's rows."""
-    return {str(r["_id"]): str(r.get("type") or "unknown") for r in rows}
-
-
-def em_by_type(scores: dict[str, float], kinds: dict[str, str]) -> dict[str, dict]:
-    """{type: {"em", "n"}} over the questions of `scores` (task id -> EM)."""
-    out: dict[str, list[float]] = {}
-    for task_id, em in scores.items():
-        out.setdefault(kinds.get(task_id, "unknown"), []).append(em)
-    return {k: {"em": sum(v) / len(v), "n": len(v)} for k, v in sorted(out.items())}
-
-
-def answer_options(row: dict) -> tuple[str, tuple[str, str] | None, int | None]:
-    """A question's kind, its two possible answers (normalised) and which of them is the gold one:
-    ("yes/no", ("yes", "no"), 0 | 1) for a yes/no gold; ("either-or", (first, second), 0 | 1) for an
-    "X or Y?" question whose gold names exactly one option (the first option runs from the last
-    comma or colon before the last " or "); ("open", None, None) otherwise."""
-    from seekrl.rewards.qa import gold_list, normalize_answer
-
-    gold = normalize_answer(gold_list(row.get("answer"))[0])
-    if gold in ("yes", "no"):
-        return "yes/no", ("yes", "no"), int(gold == "no")
-    head, sep, tail = str(row.get("question", "")).rstrip(" ?").rpartition(" or ")
-    options = (normalize_answer(re.split(r"[,:]", head)[-1]), normalize_answer(tail))
-    where = [bool(gold) and gold in o for o in options]
-    if not sep or sum(where) != 1:
-        return "open", None, None
-    return "either-or", options, where.index(True)
-
-
-def two_way_guesses(rows: list[dict], predictions: dict[str, str | None], scores: dict[str, float]) -> dict[str, dict]:
-    """How a model answers the questions that have two possible answers (`answer_options`),
-    against chance: yes/no questions: n, EM, the share answered "yes" and the share whose gold is
-    yes; either-or questions: n, EM, the share of answers naming the first option (of those naming
-    exactly one) and the share whose gold is the first; and the EM on every other question
-    ("open": the answer must be read, not picked). A policy that cannot read sits near chance on
-    the first two and GRPO moves these shares, not the EM (RESULTS.md). Rows not in `scores` are
-    left out."""
-    from seekrl.rewards.qa import normalize_answer
-
-    rows = [r for r in rows if str(r["_id"]) in scores]
-    options = {str(r["_id"]): answer_options(r) for r in rows}
-    by_kind = em_by_type(scores, {i: kind for i, (kind, _, _) in options.items()})
-    out: dict[str, dict] = {"open": by_kind.get("open", {"em": None, "n": 0})}
-    for kind, share, gold_share in (("yes/no", "answered yes", "gold yes"), ("either-or", "picked first", "gold first")):
-        golds, picks = [], []
-        for task_id, (k, two, gold) in options.items():
-            if k != kind:
-                continue
-            golds.append(gold == 0)
-            pred = normalize_answer(predictions.get(task_id) or "")
-            named = [pred == o if kind == "yes/no" else bool(pred) and pred in o for o in two]
-            if sum(named) == 1:
-                picks.append(named[0])
-        em = by_kind.get(kind, {"em": None, "n": 0})
-        out[kind] = {"n": em["n"], "em": em["em"], share: sum(picks) / len(picks) if picks else None,
-                     gold_share: sum(golds) / len(golds) if golds else None}
-    return {k: out[k] for k in ("yes/no", "either-or", "open")}
-
-
 def learning_curve(run_dir: Path) -> list[dict]:
     """The GRPO run's evals on the curve questions (metrics.jsonl rows with eval/em): step, training
     minutes so far (the sum of step times, evals not included), check-set EM and F1, and the mean
@@ -249,18 +176,6 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _eval_answers(eval_dir: Path) -> tuple[dict[str, float], dict[str, str | None]]:
-    """An eval's per-question EM (`score/em`) and final answer (the last <answer>; None without one)."""
-    from seekrl.rewards.qa import extract_answer
-
-    scores, answers = {}, {}
-    for rec in _read_jsonl(eval_dir / "trajectories.jsonl"):
-        task_id = str(rec["task_id"])
-        scores[task_id] = float(rec["metrics"].get("score/em", 0.0))
-        answers[task_id] = extract_answer(str(rec.get("completion", "")))
-    return scores, answers
-
-
 def _two_way_rows(res: dict) -> list[dict]:
     rows = []
     for name, by in res["two_way"].items():
@@ -269,6 +184,16 @@ def _two_way_rows(res: dict) -> list[dict]:
                      f"yes/no EM (n={yn['n']})": yn["em"], "answered yes": yn["answered yes"], "gold yes": yn["gold yes"],
                      f"either-or EM (n={eo['n']})": eo["em"], "picked the first": eo["picked first"],
                      "gold the first": eo["gold first"], f"open EM (n={by['open']['n']})": by["open"]["em"]})
+    return rows
+
+
+def _support_rows(res: dict) -> list[dict]:
+    rows = []
+    for name, s in res["search_support"].items():
+        rows.append({"model": "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})",
+                     f"all needed paragraphs retrieved (n={s['episodes']})": s["all_retrieved"],
+                     "searched again": s["searched_again"], "a later search found a new one": s["later_search_new"],
+                     "EM then": s["em_later_new"], "EM otherwise (searched again)": s["em_later_nothing_new"]})
     return rows
 
 
@@ -283,13 +208,18 @@ def _write_jsonl(path: Path, rows) -> None:
 
 def _evaluated(eval_dir: Path, model: str, questions: Path) -> bool:
     """Whether `eval_dir` holds a finished eval of this model on these questions (a rerun with
-    more GRPO or SFT steps evaluates the new checkpoint again)."""
+    more GRPO or SFT steps evaluates the new checkpoint again, and so does a rerun that wrote the
+    same checkpoint path again after the eval: a stage retrained in DIR)."""
     import yaml
 
-    if not (eval_dir / "eval.json").is_file() or not (eval_dir / "config.yaml").is_file():
+    result = eval_dir / "eval.json"
+    if not result.is_file() or not (eval_dir / "config.yaml").is_file():
         return False
     cfg = yaml.safe_load((eval_dir / "config.yaml").read_text()) or {}
-    return (cfg.get("model") or {}).get("path") == str(model) and (cfg.get("data") or {}).get("eval") == str(questions)
+    if (cfg.get("model") or {}).get("path") != str(model) or (cfg.get("data") or {}).get("eval") != str(questions):
+        return False
+    weights = list(Path(model).glob("*.safetensors"))  # none for a named model (model.path=smollm2)
+    return all(w.stat().st_mtime <= result.stat().st_mtime for w in weights)
 
 
 def _train_seconds(run_dir: Path) -> float:
@@ -316,6 +246,10 @@ def _results_markdown(res: dict) -> str:
     if res.get("two_way"):
         lines += ["", "Questions with two possible answers (held-out): EM, and how the answers split against the gold's split "
                   "(a policy that guesses sits near chance and moves the split):", "", markdown_table(_two_way_rows(res)).rstrip()]
+    if res.get("search_support"):
+        lines += ["", "What the searches retrieved (held-out questions with supporting_facts): the episodes that retrieved every "
+                  "paragraph the question needs, and of those that searched again, the ones whose later search found a needed "
+                  "paragraph the first had not:", "", markdown_table(_support_rows(res)).rstrip()]
     for g in res.get("open_gains", {}).values():
         lines += ["", f"EM gain on the open questions (an answer to read, not pick), GRPO (train.seed={g['seed']}) over SFT "
                   f"({g['n']} questions, paired bootstrap): **{100 * g['mean']:+.1f} points**, "
@@ -519,7 +453,8 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         m = evals[name]
         table.append({"model": label, "questions": questions, "n": int(m.get("eval/count", 0)),
                       **{col: m.get(key) for col, key in COLUMNS}})
-    answers = {name: _eval_answers(out_dir / name / "eval") for name in ("base", "sft", *runs)}
+    episodes = {name: _read_jsonl(out_dir / name / "eval" / "trajectories.jsonl") for name in ("base", "sft", *runs)}
+    answers = {name: eval_answers(eps) for name, eps in episodes.items()}
     scores = {name: em for name, (em, _) in answers.items()}
     ids = sorted(scores["sft"])
     heldout = _read_jsonl(files["heldout"])
@@ -538,6 +473,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
            "grpo_gain_mean": sum(g["mean"] for g in gains.values()) / len(gains),
            "em_by_type": {name: em_by_type(scores[name], kinds) for name in ("sft", *runs)},
            "two_way": {name: two_way_guesses(heldout, answers[name][1], scores[name]) for name in ("sft", *runs)},
+           "search_support": {name: search_support(heldout, episodes[name]) for name in ("sft", *runs)},
            "open_gains": open_gains,
            "ceiling_command": shlex.join(["seekrl", "eval", str(out_dir / "sft" / "config.yaml"), f"model.path={sft_model}",
                                           f"data.eval={files['check_open']}", "log.name=sft_passk", "eval.n=8",
@@ -551,7 +487,8 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     stage("9. report", cmd("report", out_dir / "grpo", "--out", out_dir / "report.html"))
     sections = [("Held-out questions before and after each stage (greedy)", markdown_table_to_html(markdown_table(table))),
                 ("EM by question type (held-out)", markdown_table_to_html(markdown_table(_type_rows(res)))),
-                ("Questions with two possible answers (held-out)", markdown_table_to_html(markdown_table(_two_way_rows(res))))]
+                ("Questions with two possible answers (held-out)", markdown_table_to_html(markdown_table(_two_way_rows(res)))),
+                ("What the searches retrieved (held-out)", markdown_table_to_html(markdown_table(_support_rows(res))))]
     if res["curve"]:
         sections.append(("Learning curve: check questions (greedy) and training reward, against steps and minutes",
                          markdown_table_to_html(markdown_table(res["curve"]))))

@@ -111,11 +111,16 @@ def test_recipe_runs_every_stage(recipe):
     assert "95% CI" in md and "| total |" in md and "after GRPO, check questions" in md
     assert "GRPO (train.seed=1) over SFT" in md and "Mean EM gain" in md and "Learning curve" in md and "bridge EM" in md
     assert "open EM (n=" in md
+    support = res["search_support"]  # what each stage's searches retrieved, on every held-out question (all have titles)
+    assert set(support) == {"sft", "grpo", "grpo_s1"} and all(s["episodes"] == len(data["heldout"]) for s in support.values())
+    assert all(s["later_search_new"] <= s["searched_again"] <= s["episodes"] for s in support.values())
+    assert "What the searches retrieved" in md
     ceiling = res["ceiling_command"]  # the pass@k ceiling, one command on the open check questions
     assert f"data.eval={out / 'data' / 'check_open.jsonl'}" in ceiling and "eval.n=8" in ceiling and ceiling in md
     assert f"model.path={out / 'sft' / 'checkpoints' / 'step_2' / 'model'}" in ceiling
     page = (out / "report.html").read_text()
     assert page.index("Held-out questions before and after each stage") < page.index("Learning curve") < page.index("<details")
+    assert "What the searches retrieved" in page
 
 
 def test_rerun_resumes_and_skips_every_stage(recipe, capsys):

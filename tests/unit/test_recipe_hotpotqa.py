@@ -196,3 +196,58 @@ def test_sft_share_split_is_a_fixed_partition_and_refuses_an_empty_side():
     for bad in ("0", "1.5", "-0.2"):  # the config refuses a share outside (0, 1] before anything runs
         with pytest.raises(ConfigError, match="demo.sft_share"):
             load_config(None, [f"demo.sft_share={bad}"])
+
+
+def test_an_eval_is_reused_only_for_the_same_model_questions_and_weights(tmp_path):
+    """A rerun in DIR reuses an eval of the same checkpoint path only if the weights there were not
+    written after it (a stage retrained in DIR, its checkpoints deleted, is evaluated again)."""
+    import os
+
+    from seekrl.recipes.hotpotqa import _evaluated
+
+    model, questions, ev = tmp_path / "sft" / "model", tmp_path / "heldout.jsonl", tmp_path / "sft" / "eval"
+    model.mkdir(parents=True)
+    ev.mkdir()
+    (model / "model.safetensors").write_bytes(b"w")
+    (ev / "config.yaml").write_text(f"model:\n  path: {model}\ndata:\n  eval: {questions}\n")
+    assert not _evaluated(ev, str(model), questions)  # no eval.json yet
+    (ev / "eval.json").write_text("{}")
+    t = (ev / "eval.json").stat().st_mtime
+    os.utime(model / "model.safetensors", (t - 10, t - 10))
+    assert _evaluated(ev, str(model), questions)
+    assert not _evaluated(ev, str(model), tmp_path / "check.jsonl")  # other questions
+    assert not _evaluated(ev, str(tmp_path / "grpo" / "model"), questions)  # another checkpoint
+    os.utime(model / "model.safetensors", (t + 10, t + 10))  # retrained after the eval
+    assert not _evaluated(ev, str(model), questions)
+    (ev / "config.yaml").write_text(f"model:\n  path: smollm2\ndata:\n  eval: {questions}\n")
+    assert _evaluated(ev, "smollm2", questions)  # a named model has no weights in DIR to compare
+
+
+def test_search_support_counts_what_each_search_retrieved():
+    """The needed paragraphs (supporting_facts, or supporting_titles when null) found by the first
+    search or only by a later one, and the EM of the episodes whose later search found one."""
+    from seekrl.recipes.hotpotqa import search_support
+
+    rows = [{"_id": "a", "supporting_facts": [["Lev Yashin", 0], ["Turgay Şeren", 4], ["Lev Yashin", 2]]},
+            {"_id": "b", "supporting_facts": None, "supporting_titles": ["Ed Sullivan", "CBS"]},
+            {"_id": "c", "supporting_facts": [["Paris", 0]]},
+            {"_id": "d", "supporting_facts": None}]  # no titles: left out
+
+    def info(*titles):
+        return "<information>" + "\n".join(f'Doc {i + 1}(Title: "{t}") text' for i, t in enumerate(titles)) + "</information>"
+
+    def ep(task_id, em, *blocks):
+        return {"task_id": task_id, "metrics": {"score/em": em}, "completion": "".join(f"<search> q </search>\n\n{b}\n\n" for b in blocks)}
+
+    episodes = [ep("a", 1.0, info("Lev Yashin Cup", "Lev Yashin"), info("Turgay Şeren")),  # the second search adds one
+                ep("b", 0.0, info("Ed Sullivan", "CBS"), info("Ed Sullivan")),  # both first, the second adds nothing
+                ep("c", 1.0, info("Paris")),  # one search, everything found
+                ep("d", 1.0, info("X"), info("Y"))]
+    out = search_support(rows, episodes)
+    assert out == {"episodes": 3, "all_retrieved": 1.0, "searched_again": 2, "later_search_new": 1,
+                   "em_later_new": 1.0, "em_later_nothing_new": 0.0}
+    # unquoted titles count too; a title that is only a prefix of a retrieved one does not
+    out = search_support(rows[:1], [ep("a", 0.0, "<information>Doc 1(Title: Lev Yashin Cup) x</information>")])
+    assert out["all_retrieved"] == 0.0 and out["searched_again"] == 0 and out["em_later_new"] is None
+    assert search_support(rows[3:], episodes) == {"episodes": 0, "all_retrieved": None, "searched_again": 0,
+                                                  "later_search_new": 0, "em_later_new": None, "em_later_nothing_new": None}
