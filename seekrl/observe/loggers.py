@@ -10,6 +10,8 @@ greater than N (steps logged after the checkpoint that the run resumes from, whi
 run logs again) and purges TensorBoard events after N, so no step appears twice. A fresh start
 (`resume_step=None`) in a folder an earlier attempt logged to (a rerun whose checkpoints were
 deleted) starts over: that attempt's step rows and events are dropped, not mixed with the new ones.
+The step samples `trajectories/step_<N>.jsonl` (observe/samples.py, written by the RL loop) after
+the kept step go with them, so the folder never shows an earlier attempt's episodes as this run's.
 
     logger = RunLogger("runs/demo", config=cfg_dict)
     logger.log({"reward/mean": 0.4, "loss/policy": 0.1}, step=1)
@@ -27,9 +29,10 @@ from typing import Any
 
 from seekrl.observe.config import LogConfig
 
-__all__ = ["RunLogger", "NullLogger", "read_metrics", "METRICS_FILE"]
+__all__ = ["RunLogger", "NullLogger", "read_metrics", "METRICS_FILE", "SAMPLES_DIR"]
 
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_DIR = "trajectories"  # run_dir/trajectories/step_<N>.jsonl: the RL loop's sample episodes of step N
 
 
 def _scalar(value: Any) -> Any:
@@ -61,6 +64,14 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def _drop_samples_after(folder: Path, step: int) -> None:
+    """Delete `folder/step_<N>.jsonl` for N > `step` (the step samples of steps that are logged again)."""
+    for f in folder.glob("step_*.jsonl"):
+        n = f.stem.removeprefix("step_")
+        if n.isdigit() and int(n) > step:
+            f.unlink(missing_ok=True)
 
 
 def _truncate_after(path: Path, step: int) -> None:
@@ -120,6 +131,7 @@ class RunLogger:
             )
         kept_through = resume_step if resume_step is not None else -1  # a fresh start keeps no step, not even step 0's eval
         _truncate_after(self.path, kept_through)
+        _drop_samples_after(self.run_dir / SAMPLES_DIR, kept_through)
         self._file = open(self.path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:

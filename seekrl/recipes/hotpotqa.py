@@ -22,7 +22,7 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            answer is not the gold answer are dropped (`generate.min_reward`), and so are those
            whose answer no retrieved passage contains (yes/no answers excepted): the student could
            only learn to guess from them. Both are judged by the search_r1 reward's parts (em,
-           retrieved_gold), whatever `reward.functions` GRPO is given. (seekrl generate, endpoint=teacher)
+           retrieved_gold), whatever `reward.functions` and `reward.weights` GRPO is given. (seekrl generate, endpoint=teacher)
 4. base    the untrained model on the first held-out questions   (seekrl eval)
 5. sft     the warm start on the teacher's episodes, tool output masked  (seekrl sft)
 6. eval    the SFT model on the held-out questions               (seekrl eval)
@@ -345,7 +345,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     episodes, sft_rows = out_dir / "teacher.jsonl", out_dir / "teacher_sft.jsonl"
     # the teacher's episodes are kept by search_r1's parts (em, retrieved_gold), whatever reward GRPO is given
     gen = [*paths, *overrides, f"data.train={teacher_train}", "data.eval=null", "generate.endpoint=teacher",
-           f"generate.out={episodes}", f"generate.n={d.teacher_n}", "reward.functions=[search_r1]"]
+           f"generate.out={episodes}", f"generate.n={d.teacher_n}", "reward.functions=[search_r1]", "reward.weights=null"]
     stage("3. teacher", cmd("generate", config, *gen))
     made = out_dir / "teacher_counts.json"  # a rerun in DIR reuses the teacher and SFT stages: of the same share only
     if made.is_file() and (was := json.loads(made.read_text()).get("sft_share", 1.0)) != d.sft_share:

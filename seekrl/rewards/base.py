@@ -6,7 +6,8 @@ A reward function reads the completion and the task's ground truth, never the pr
 
 `ctx` holds what the rollout knows about the sample: `num_tokens` (sampled length),
 `max_tokens` (the budget), `finish_reason`, and from the tool agent `turns` (one `TurnContext`
-per engine call: the turn's sampled text and the tools it called with what they returned); a
+per engine call: the turn's sampled text, the tools it called with what they returned, and the
+observation inserted after it as the policy read it, `shown`); a
 function ignores the keys it does not use. A `RewardResult` carries named parts next to its
 total (search_r1's em / valid_format / retrieved_gold), logged as `reward/<name>/<part>`.
 
@@ -59,6 +60,8 @@ class TurnContext:
     text: str  # the turn's sampled text (decoded, special tokens skipped)
     tools: tuple[str, ...] = ()  # the tools it called, in order (none for an answer or a malformed turn)
     outputs: tuple[str, ...] = ()  # what each of those calls returned (the tool's text, before any truncation)
+    shown: str | None = None  # the observation inserted after the turn as the policy read it (decoded, cut to
+    #                           max_obs_tokens); None where the workflow does not say
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ __all__ = ["RewardConfig"]
 @dataclass
 class RewardConfig:
     functions: list[str] = field(default_factory=lambda: ["math"])
-    """Reward functions by name (math, gsm8k, boxed, format, tag_count, reasoning_steps, cosine, repetition, overlong, qa_em, qa_f1, subem, search_r1, retrieved_gold_turn, judge) or 'module:function'."""
+    """Reward functions by name (math, gsm8k, boxed, format, tag_count, reasoning_steps, cosine, repetition, overlong, qa_em, qa_f1, subem, search_r1, retrieved_gold_turn, retrieved_support_turn, judge) or 'module:function'."""
     weights: list[float] | None = None
     """One weight per function; default 1.0 each."""
     overlong_buffer: int = 0

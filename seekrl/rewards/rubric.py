@@ -14,7 +14,7 @@ score (with a note naming the reward), and a non-finite or non-numeric value is 
 
 Parameters go to factories by name: `Rubric.from_names(["math", "cosine"], [1.0, 0.5],
 cosine={"max_len": 512})`. Registered factories: format, tag_count, cosine, repetition,
-overlong, search_r1, retrieved_gold_turn, judge (an LLM judge, rewards/judge.py: its params are
+overlong, search_r1, retrieved_gold_turn, retrieved_support_turn, judge (an LLM judge, rewards/judge.py: its params are
 `make_judge_reward`'s, from `reward.judge_*` in `build_rubric`); a dotted path given params is
 called with them and must return the reward function.
 
@@ -50,7 +50,7 @@ from seekrl.rewards.config import RewardConfig
 from seekrl.rewards.judge import DEFAULT_RUBRIC_TEMPLATE, DEFAULT_TEMPLATE, default_cache_dir, make_judge_reward, read_template
 from seekrl.rewards.math import gsm8k_accuracy, math_accuracy
 from seekrl.rewards.qa import qa_em, qa_f1, subem
-from seekrl.rewards.search import make_retrieved_gold_turn_reward, make_search_r1_reward
+from seekrl.rewards.search import make_retrieved_gold_turn_reward, make_retrieved_support_turn_reward, make_search_r1_reward
 from seekrl.rewards.shaping import (
     boxed_reward,
     format_reward,
@@ -75,6 +75,7 @@ REWARD_FACTORIES: dict[str, Callable[..., RewardFn]] = {
     "overlong": make_soft_overlong_reward,
     "search_r1": make_search_r1_reward,
     "retrieved_gold_turn": make_retrieved_gold_turn_reward,
+    "retrieved_support_turn": make_retrieved_support_turn_reward,
     "judge": make_judge_reward,  # an LLM judge over an OpenAI-compatible endpoint (rewards/judge.py); build_rubric gives its params
 }
 
@@ -93,6 +94,7 @@ REWARD_FUNCTIONS: dict[str, RewardFn] = {
     "boxed": boxed_reward,
     "search_r1": make_search_r1_reward(),
     "retrieved_gold_turn": make_retrieved_gold_turn_reward(),  # per-turn: the first search turn that retrieved a gold answer
+    "retrieved_support_turn": make_retrieved_support_turn_reward(),  # per-turn: each search's share of the needed paragraphs it found first
 }
 
 

@@ -1,5 +1,7 @@
 """Search rewards: Search-R1 v0.3-style outcome reward with format and retrieval parts (`search_r1`
-in the rubric), and per-turn credit for retrieval (`retrieved_gold_turn`, below).
+in the rubric), and per-turn credit for retrieval: `retrieved_gold_turn` for the search that
+reached the answer string, `retrieved_support_turn` for each search that brought a paragraph the
+question needs (multi-hop: the bridge paragraph too), both below.
 
     correct answer, valid sequence      -> score
     correct answer, invalid sequence    -> score - structure_format_score
@@ -20,11 +22,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from seekrl.data.teacher import gold_titles, names_title
 from seekrl.rewards.base import RewardResult, TurnContext
 from seekrl.rewards.qa import exact_match, extract_answer, f1_score, gold_list, normalize_answer, substring_match
 from seekrl.types import Task
 
-__all__ = ["make_search_r1_reward", "is_valid_sequence", "retrieved_gold", "make_retrieved_gold_turn_reward", "PARTIAL_CREDIT"]
+__all__ = ["make_search_r1_reward", "is_valid_sequence", "retrieved_gold", "make_retrieved_gold_turn_reward",
+           "make_retrieved_support_turn_reward", "PARTIAL_CREDIT"]
 
 _TAG = re.compile(r"<(/?)(think|search|information|answer)>")
 
@@ -128,3 +132,31 @@ def make_retrieved_gold_turn_reward(tools: tuple[str, ...] | list[str] = ("searc
 
     retrieved_gold_turn.per_turn = True  # gives per-turn rewards (rewards/base.py)
     return retrieved_gold_turn
+
+
+def make_retrieved_support_turn_reward(tools: tuple[str, ...] | list[str] = ("search",)):
+    """Per-turn credit for finding what a multi-hop question needs (`retrieved_support_turn`): each
+    turn that called one of `tools` earns 1/n for every one of the task's n gold paragraphs
+    (`gold_titles`: HotpotQA's supporting titles, the synthetic tasks' `gold_titles`) that its
+    results name (`Doc i(Title: t)`, `names_title`), in the observation as the policy read it (a
+    title `max_obs_tokens` cut off was not found), and no earlier turn retrieved. The total, their
+    sum, is the share of the needed paragraphs the episode retrieved: 1.0 when it found them all.
+    Unlike `retrieved_gold_turn`, it credits the bridge search that finds the first hop's paragraph,
+    which rarely holds the answer string; repeating a search earns nothing. A task without gold
+    titles scores 0 on every turn (its part `known` is 0, so a run can see that it taught nothing)."""
+    names = frozenset(tools)
+
+    def retrieved_support_turn(completion: str, task: Task, **ctx: Any) -> RewardResult:
+        turns = ctx.get("turns") or [TurnContext(completion)]
+        needed = gold_titles(task)
+        values, found = [], set()
+        for turn in turns:
+            outputs = [out for name, out in zip(turn.tools, turn.outputs) if name in names]
+            new = {t for t in needed if t not in found and any(names_title(out, t) for out in outputs)
+                   and (turn.shown is None or names_title(turn.shown, t))}
+            values.append(len(new) / len(needed) if needed else 0.0)
+            found |= new
+        return RewardResult(sum(values), {"known": float(bool(needed))}, turn_rewards=values)
+
+    retrieved_support_turn.per_turn = True  # gives per-turn rewards (rewards/base.py)
+    return retrieved_support_turn

@@ -40,7 +40,7 @@ from seekrl.data.sets import TaskSets
 from seekrl.engines.base import InferenceEngine
 from seekrl.evaluate import EvalConfig, evaluate
 from seekrl.observe.config import LogConfig
-from seekrl.observe.loggers import NullLogger, RunLogger
+from seekrl.observe.loggers import SAMPLES_DIR, NullLogger, RunLogger
 from seekrl.observe.progress import Progress
 from seekrl.observe.samples import write_trajectories
 from seekrl.observe.stats import StatsTracker
@@ -144,7 +144,7 @@ async def rl_step(rl: RLRun, step: int) -> dict[str, float]:
     trajs = [t for g in groups for t in g.trajectories]
     group_ids = [i for i, g in enumerate(groups) for _ in g.trajectories]
     if rl.ranks.is_main and rl.log.samples_every and step % rl.log.samples_every == 0:
-        write_trajectories(rl.run_dir / "trajectories" / f"step_{step}.jsonl", groups, rl.tokenizer, max_groups=rl.log.samples_groups)
+        write_trajectories(rl.run_dir / SAMPLES_DIR / f"step_{step}.jsonl", groups, rl.tokenizer, max_groups=rl.log.samples_groups)
     # Leave out what the infrastructure broke: an engine or tool server failure, or a token from a
     # weight version the trainer did not publish (train/agreement.py). Counted, never learned from.
     reject_unexpected_versions(trajs, step, sync=rl.sync_versions)

@@ -264,6 +264,7 @@ class ToolAgentWorkflow:
                 obs, cut = obs[:room], True
             m["truncated_obs"] += int(cut)
             m["obs_tokens"] += len(obs)
+            turns[-1] = dataclasses.replace(turns[-1], shown=tok.decode(obs, skip_special_tokens=True))
             if self.mask_observations:
                 traj.append(obs, sampled=False)
             else:

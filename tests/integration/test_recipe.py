@@ -218,6 +218,7 @@ def test_sft_share_gives_grpo_only_questions_sft_never_saw(recipe, tmp_path, cap
     for f in out.rglob("*.yaml"):
         f.write_text(f.read_text().replace(str(recipe), str(out)))
     argv = ["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *SMALL, "demo.grpo_seeds=[0]", "demo.check_every=0",
+            "reward.functions=[qa_f1,retrieved_support_turn]", "reward.weights=[1.0,0.5]",  # the teacher keeps search_r1
             "demo.grpo_questions=open", "demo.sft_share=0.5", "demo.ptx_coef=0.5"]
     assert main(argv) == 0
     assert "eval base" not in json.loads((out / "stage_seconds.json").read_text())  # the base eval was reused
@@ -234,8 +235,21 @@ def test_sft_share_gives_grpo_only_questions_sft_never_saw(recipe, tmp_path, cap
     assert f"train: {out / 'teacher_sft.jsonl'}" in (out / "sft" / "config.yaml").read_text()
     opened = _lines(out / "data" / "train_open.jsonl")
     assert opened == [r for r in rl_q if answer_options(r)[0] == "open"]
-    drawn = {r["task_id"] for f in (out / "grpo" / "trajectories").glob("*.jsonl") for r in _lines(f)}
+    episodes = [r for f in (out / "grpo" / "trajectories").glob("*.jsonl") for r in _lines(f)]
+    drawn = {r["task_id"] for r in episodes}
     assert drawn and drawn <= rl_ids and not drawn & sft_ids
+    # GRPO's reward credits the needed paragraphs each episode's searches retrieved (hotpotqa_gold_titles, as shown)
+    import re
+
+    from seekrl.data.corpus import hotpotqa_gold_titles
+    from seekrl.data.teacher import names_title
+
+    titles = {r["_id"]: hotpotqa_gold_titles(r) for r in rl_q}
+    for ep in episodes:
+        shown = re.findall(r"<information>(.*?)</information>", ep["completion"], re.DOTALL)
+        want = sum(any(names_title(b, t) for b in shown) for t in titles[ep["task_id"]]) / len(titles[ep["task_id"]])
+        assert ep["reward_parts"]["retrieved_support_turn"] == pytest.approx(want)
+        assert ep["reward"] == pytest.approx(ep["reward_parts"]["qa_f1"] + 0.5 * want)
     assert _lines(out / "data" / "ptx.jsonl") == kept  # every SFT episode is outside GRPO's questions
     res = json.loads((out / "results.json").read_text())
     assert (res["split"]["train_sft"], res["split"]["train_rl"]) == (len(sft_q), len(rl_q))

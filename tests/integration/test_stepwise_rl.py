@@ -44,7 +44,8 @@ def _world(tmp_path, template: str):
     docs = [Document.from_title_text(str(i), n, f"the code of {n} is {codes[n]}") for i, n in enumerate(NAMES)]
     BM25Index.build(docs).save(tmp_path / "index")
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"id": n, "question": f"code of {n}?", "answer": [codes[n]]}) + "\n" for n in NAMES))
+    data.write_text("".join(json.dumps({"id": n, "question": f"code of {n}?", "answer": [codes[n]], "supporting_titles": [n]}) + "\n"
+                            for n in NAMES))
     texts = [string.printable] + [f"<think> find {n} </think>\n{call(n)} <answer> {c} </answer> the code of" for n, c in codes.items()]
     tok = train_tiny_tokenizer(texts, vocab_size=320)
     tok.chat_template = template
@@ -58,7 +59,7 @@ def _config(tmp_path, data, trajectory: str, *extra: str):
         "rollout.group_size=4", "rollout.batch_size=8", "rollout.max_new_tokens=40", "rollout.max_prompt_tokens=64",
         "rollout.max_turns=2", "rollout.max_total_tokens=200", "rollout.max_obs_tokens=48", f"rollout.trajectory={trajectory}",
         "tools.format=hermes", f"tools.retriever={tmp_path / 'index'}", "tools.topk=1",
-        "reward.functions=[qa_em, retrieved_gold_turn]", "algo.name=grpo", "algo.turn_advantage=true", "algo.turn_gamma=0.9",
+        "reward.functions=[qa_em, retrieved_gold_turn, retrieved_support_turn]", "algo.name=grpo", "algo.turn_advantage=true", "algo.turn_gamma=0.9",
         "train.steps=2", "train.lr=1e-3", f"log.dir={tmp_path}", "log.name=stepwise", "log.progress=false",
         "log.tensorboard=false", "log.samples_every=1",
     ])
@@ -132,6 +133,9 @@ def test_stepwise_grpo_trains_each_turn_on_exactly_what_the_engine_was_given(tmp
     assert max(r["rollout/tool_calls/search"] for r in rows) > 0.5, rows[0]  # the episodes searched
     assert max(r["rollout/prefix_breaks"] for r in rows) > 0.5  # and the template re-rendered their history
     assert max(r["reward/retrieved_gold_turn"] for r in rows) > 0
+    # each answer is in the one paragraph its task needs: a search that retrieved it gets both credits
+    assert [r["reward/retrieved_support_turn"] for r in rows] == pytest.approx([r["reward/retrieved_gold_turn"] for r in rows])
+    assert all(r["reward/retrieved_support_turn/known"] == 1.0 for r in rows)
     assert all(r["loss/policy"] == r["loss/policy"] for r in rows)
     assert any(not torch.equal(before[n], p) for n, p in comp.model.named_parameters())  # the policy moved
     # every training row is one engine call, token for token; every call of the two steps is a row

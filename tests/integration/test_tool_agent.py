@@ -117,7 +117,8 @@ class ScriptedEngine:
         return c
 
 
-def check_trajectory(traj, eng: ScriptedEngine, wf: ToolAgentWorkflow, invocations: dict):
+def check_trajectory(traj, eng: ScriptedEngine, wf: ToolAgentWorkflow, invocations: dict, turns=None):
+    """`turns`: the rewards' ctx["turns"] for this episode, when recorded."""
     fmt, tok = wf.fmt, wf.tokenizer
     P, C = traj.prompt_ids, traj.completion_ids
     assert len(C) == len(traj.loss_mask) == len(traj.logprobs) == len(traj.versions)
@@ -147,6 +148,9 @@ def check_trajectory(traj, eng: ScriptedEngine, wf: ToolAgentWorkflow, invocatio
         assert traj.loss_mask[pos:end] == [inserted_mask] * len(obs)
         assert traj.logprobs[pos:end] == [0.0] * len(obs)
         assert traj.versions[pos:end] == [-1] * len(obs)
+        if turns is not None:  # what the rewards read: the turn's text, and the observation exactly as inserted
+            assert len(turns) == len(eng.records) and turns[k].text == tok.decode(c.token_ids, skip_special_tokens=True)
+            assert turns[k].shown == tok.decode(obs, skip_special_tokens=True) if obs else turns[k].shown in (None, "")
         parsed = fmt.parse(tok.decode(c.token_ids, skip_special_tokens=True))
         if parsed.answer is not None and c.finish_reason == "length" and fmt.answer_requires_stop:
             parsed.answer, parsed.invalid = None, True  # a cut turn is not an answer (hermes)
@@ -220,10 +224,16 @@ def run_random_episodes(tokenizer, seed: int, n_episodes: int = 8, fmt_name: str
     cfg.update(fixed)
     invocations: dict = {}
     reg = ToolRegistry([make_search_tool(invocations)])
+    seen_turns: dict = {}  # completion -> the ctx["turns"] its reward was given
+
+    def record_turns(completion, task, **ctx):
+        seen_turns[completion] = ctx["turns"]
+        return 0.0
+
     wf = ToolAgentWorkflow(
         tokenizer,
         SamplingParams(max_new_tokens=cfg.pop("max_new_tokens"), temperature=1.0),
-        Rubric(["qa_em"]),
+        Rubric(["qa_em", record_turns], [1.0, 0.0]),
         get_format(fmt_name),
         ToolExecutor(reg),
         **cfg,
@@ -236,9 +246,9 @@ def run_random_episodes(tokenizer, seed: int, n_episodes: int = 8, fmt_name: str
     groups = asyncio.run(main())
     for g, eng in zip(groups, engines):
         (traj,) = g.trajectories
-        check_trajectory(traj, eng, wf, invocations)
+        check_trajectory(traj, eng, wf, invocations, seen_turns[traj.text])
         assert traj.finish_reason in ("answered", "max_turns", "length")
-        assert set(traj.reward_parts) == {"qa_em"} and traj.reward in (0.0, 1.0)
+        assert set(traj.reward_parts) == {"qa_em", "record_turns"} and traj.reward in (0.0, 1.0)
     return [g.trajectories[0] for g in groups]
 
 

@@ -102,11 +102,17 @@ def test_run_logger_jsonl_tensorboard_and_resume(tmp_path):
     assert rows[2] == {"step": 3, "reward/mean": 0.3, "loss": 1.0, "tag": "x"}
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
 
-    # a resume from the checkpoint at step 3 drops rows 4 and 5, then logs them again
+    # a resume from the checkpoint at step 3 drops rows 4 and 5, then logs them again; the same for
+    # the step samples (the RL loop's trajectories/step_<N>.jsonl); other files stay
+    samples = run / "trajectories"
+    samples.mkdir()
+    for name in ("step_2.jsonl", "step_3.jsonl", "step_4.jsonl", "step_12.jsonl", "step_x.jsonl", "notes.txt"):
+        (samples / name).write_text("{}\n")
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 6, "rew')  # a half-written line from the crash
     logger = RunLogger(run, tensorboard=False, resume_step=3)
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    assert sorted(f.name for f in samples.iterdir()) == ["notes.txt", "step_2.jsonl", "step_3.jsonl", "step_x.jsonl"]
     logger.log({"reward/mean": torch.tensor(0.9)}, step=4)
     logger.close()
     logger.close()  # twice is fine
@@ -118,6 +124,7 @@ def test_run_logger_jsonl_tensorboard_and_resume(tmp_path):
     # attempt is mixed with the new ones (a sum of time/step_s would count both)
     with RunLogger(run, tensorboard=False) as logger:
         assert read_metrics(run) == []
+        assert sorted(f.name for f in samples.iterdir()) == ["notes.txt", "step_x.jsonl"]
         logger.log({"reward/mean": 0.2}, step=1)
     assert read_metrics(run) == [{"step": 1, "reward/mean": 0.2}]
 

@@ -1,4 +1,4 @@
-"""Per-turn rewards: the Rubric's weighing and checks, and `retrieved_gold_turn` by hand."""
+"""Per-turn rewards: the Rubric's weighing and checks, and `retrieved_gold_turn` / `retrieved_support_turn` by hand."""
 
 from __future__ import annotations
 
@@ -33,6 +33,42 @@ def test_retrieved_gold_turn_credits_the_first_search_that_found_the_gold():
     lookup = resolve_reward("retrieved_gold_turn", {"tools": ["lookup"]})
     assert lookup("", TASK, turns=turns).turn_rewards == [0.0, 1.0, 0.0, 0.0]
     assert REWARD_FUNCTIONS["retrieved_gold_turn"]("<information>Paris</information>", TASK).turn_rewards == [0.0]
+
+
+def test_retrieved_support_turn_credits_each_search_for_the_needed_paragraphs_it_found_first():
+    task = Task(id="h", prompt=[], answer="1961", meta={"supporting_facts": None,
+                                                        "supporting_titles": ["Barack Obama", "Hawaii", "Barack Obama"]})
+    turns = [
+        TurnContext("<search>q1</search>", ("search",), ('Doc 1(Title: "Barack Obama") He was born in Hawaii.\nDoc 2(Title: Obama (surname)) x',)),
+        TurnContext("<search>q2</search>", ("search",), ("Doc 1(Title: Barack Obama) again\nDoc 2(Title: Hawaii State) not the paragraph",)),
+        TurnContext("<search>q3</search>", ("lookup", "search"), ("Doc 1(Title: Hawaii) a lookup, not a search", "Doc 1(Title: Hawaii) the state")),
+        TurnContext("<answer>1961</answer>"),
+    ]
+    fn = REWARD_FUNCTIONS["retrieved_support_turn"]
+    r = fn("", task, turns=turns)
+    # repeated titles count once (2 needed); a prefix title ("Hawaii State") and a found-again paragraph earn nothing
+    assert r.turn_rewards == [0.5, 0.0, 0.5, 0.0] and r.total == 1.0 and r.parts == {"known": 1.0}
+    half = fn("", task, turns=turns[:2] + turns[3:])
+    assert half.turn_rewards == [0.5, 0.0, 0.0] and half.total == 0.5
+    # supporting_facts, when given, name the paragraphs; a task with no titles scores 0 and says so
+    facts = Task(id="f", prompt=[], answer="x", meta={"supporting_facts": [["Hawaii", 0], ["Hawaii", 2]]})
+    assert fn("", facts, turns=turns).turn_rewards == [0.0, 0.0, 1.0, 0.0]
+    unknown = fn("", TASK, turns=turns)
+    assert unknown.total == 0.0 and unknown.turn_rewards == [0.0] * 4 and unknown.parts == {"known": 0.0}
+    from seekrl.rewards.rubric import resolve_reward
+
+    assert resolve_reward("retrieved_support_turn", {"tools": ["lookup"]})("", task, turns=turns).turn_rewards == [0.0, 0.0, 0.5, 0.0]
+    # only what the policy read counts: a title the observation's max_obs_tokens cut off was not found
+    import dataclasses
+
+    cut = [turns[0], turns[1], dataclasses.replace(turns[2], shown="<information>Doc 1(Title: Hai ...[truncated]</information>"), turns[3]]
+    assert fn("", task, turns=cut).turn_rewards == [0.5, 0.0, 0.0, 0.0]
+    shown = dataclasses.replace(turns[2], shown="<information>Doc 1(Title: Hawaii) the st ...[truncated]</information>")
+    assert fn("", task, turns=[turns[0], turns[1], shown, turns[3]]).turn_rewards == [0.5, 0.0, 0.5, 0.0]
+    rubric = Rubric(["qa_f1", "retrieved_support_turn"], [1.0, 0.5])
+    assert rubric.per_turn is True
+    scored = asyncio.run(rubric.score("<answer>1961</answer>", task, turns=turns))
+    assert scored.total == 1.5 and scored.turn_rewards == [0.25, 0.0, 0.25, 0.0]  # the outcome reward is not a turn's
 
 
 def test_rubric_weighs_and_sums_per_turn_rewards():
