@@ -278,3 +278,34 @@ def test_turn_advantage_without_a_per_turn_reward_fails_before_the_model_loads(t
     cfg = load_config(None, ["algo.turn_advantage=true", "reward.functions=[qa_em]", f"log.dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"no reward of reward.functions=\['qa_em'\] gives per-turn rewards; add one"):
         build.build_rl(cfg)
+
+
+def test_retrieved_support_turn_without_gold_titles_fails_before_the_model_loads(tmp_path, monkeypatch):
+    """The reward credits the paragraphs a task names: on rows that name none it would score 0 on
+    every episode, so the run is refused in one line; rows that name them (supporting_titles) pass."""
+    import json
+
+    import seekrl.build as build
+    from seekrl.config import load_config
+    from seekrl.errors import ConfigError
+
+    rows = [{"question": f"q{i}?", "answer": "a"} for i in range(8)]
+    data = tmp_path / "plain.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(build, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
+    over = [f"data.train={data}", "data.template=search_r1", "tools.format=null",
+            "reward.functions=[qa_f1, retrieved_support_turn]", f"log.dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"none of the 8 training tasks of data.train=.*plain.jsonl names its gold paragraphs"):
+        build.build_rl(load_config(None, over))
+    titled = tmp_path / "titled.jsonl"
+    titled.write_text("".join(json.dumps({**r, "supporting_titles": ["T"]}) + "\n" for r in rows))
+
+    class Loaded(Exception):
+        pass
+
+    def loaded(*a, **k):
+        raise Loaded
+
+    monkeypatch.setattr(build, "load_policy", loaded)
+    with pytest.raises(Loaded):  # past the check: the model is what comes next
+        build.build_rl(load_config(None, [*over[1:], f"data.train={titled}"]))
