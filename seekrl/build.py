@@ -58,7 +58,7 @@ from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher, teacher_f
 __all__ = ["run_folder", "sampler_settings", "build_workflow", "build_rl", "policy_trainer", "ptx_anchor", "critic_trainer", "build_eval",
            "build_curriculum", "curriculum_cache_key", "curriculum_seed", "eval_in_flight", "build_sft", "build_generate",
            "write_initial_weights", "local_engine", "check_teacher", "build_teacher", "check_chat_template", "check_agent",
-           "check_support_titles"]
+           "check_rewards_apply"]
 
 
 def run_folder(cfg: Config, write: bool = True) -> Path:
@@ -219,15 +219,13 @@ def check_resume_path(resume: str) -> None:
                               "(runs/<name>/checkpoints/step_<N>), auto or never", what)
 
 
-def check_support_titles(rubric: Rubric, tasks: list, source: object) -> None:
-    """`retrieved_support_turn` credits the gold paragraphs a task names: refused, before the model
-    loads, when no training task names any (it would score 0 on every episode)."""
-    from seekrl.data.teacher import gold_titles
-
-    if "retrieved_support_turn" in rubric.names and not any(gold_titles(t) for t in tasks):
-        raise ConfigError(f"reward.functions has retrieved_support_turn, but none of the {len(tasks)} training tasks of "
-                          f"data.train={source} names its gold paragraphs (supporting_facts, supporting_titles or "
-                          "gold_titles); train on HotpotQA-style rows or drop the reward")
+def check_rewards_apply(rubric: Rubric, tasks: list, source: object) -> None:
+    """A reward that declares what a task must carry (`Rubric.unscorable`, e.g. retrieved_support_turn:
+    gold paragraph titles) is refused, before the model loads, when no training task carries it:
+    it would score 0 on every episode."""
+    for name, what in rubric.unscorable(tasks):
+        raise ConfigError(f"reward.functions has {name}, but none of the {len(tasks)} training tasks of data.train={source} "
+                          f"names {what}; train on rows that do or drop the reward")
 
 
 def build_rl(cfg: Config) -> RLRun:
@@ -243,7 +241,7 @@ def build_rl(cfg: Config) -> RLRun:
     check_agent(cfg)
     ptx_rows = load_sft_rows(cfg.data.ptx) if cfg.algo.ptx_coef > 0 else None  # a bad row fails before the model loads
     tasks = _task_sets(cfg, curriculum=True)
-    check_support_titles(rubric, tasks.train, cfg.data.train)
+    check_rewards_apply(rubric, tasks.train, cfg.data.train)
     ranks = init_ranks(t.dist_backend, t.fsdp, t.dist_timeout_s, lora=m.lora_r > 0, device=m.device)
     run_dir = run_folder(cfg, write=ranks.is_main)
     seed_everything(t.seed)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import random
 import re
 
+from seekrl.data.corpus import hotpotqa_gold_titles, twowiki_gold_titles
 from seekrl.types import Task
 
 __all__ = ["ScriptedTeacher", "gold_titles", "names_title"]
@@ -61,14 +62,13 @@ def names_title(text: str, title: str) -> bool:
 
 
 def gold_titles(task: Task) -> list[str]:
-    """The titles of the paragraphs a task needs, in hop order (empty when unknown)."""
+    """The titles of the paragraphs a task needs, in hop order (empty when unknown): the synthetic
+    tasks' `gold_titles`, HotpotQA's (`hotpotqa_gold_titles`) or 2WikiMultihopQA's
+    (`twowiki_gold_titles`), read from the row kept in `task.meta`."""
     meta = task.meta or {}
     if meta.get("gold_titles"):
         return list(meta["gold_titles"])
-    if meta.get("supporting_titles"):
-        return list(dict.fromkeys(meta["supporting_titles"]))
-    facts = meta.get("supporting_facts") or []
-    return list(dict.fromkeys(f[0] for f in facts if f))
+    return hotpotqa_gold_titles(meta) or twowiki_gold_titles(meta)
 
 
 class ScriptedTeacher:

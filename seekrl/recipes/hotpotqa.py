@@ -247,7 +247,7 @@ def _results_markdown(res: dict) -> str:
         lines += ["", "Questions with two possible answers (held-out): EM, and how the answers split against the gold's split "
                   "(a policy that guesses sits near chance and moves the split):", "", markdown_table(_two_way_rows(res)).rstrip()]
     if res.get("search_support"):
-        lines += ["", "What the searches retrieved (held-out questions with supporting_facts): the episodes that retrieved every "
+        lines += ["", "What the searches retrieved (held-out questions that name their gold paragraphs): the episodes that retrieved every "
                   "paragraph the question needs, and of those that searched again, the ones whose later search found a needed "
                   "paragraph the first had not:", "", markdown_table(_support_rows(res)).rstrip()]
     for g in res.get("open_gains", {}).values():

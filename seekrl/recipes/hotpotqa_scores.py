@@ -89,7 +89,8 @@ def two_way_guesses(rows: list[dict], predictions: dict[str, str | None], scores
 
 def search_support(rows: list[dict], episodes: list[dict]) -> dict:
     """Which search of each eval episode retrieved the paragraphs its question needs (HotpotQA's
-    `supporting_facts`; questions without them are left out): the share of episodes that
+    `supporting_facts`, or `supporting_titles` where those are null: `hotpotqa_gold_titles`;
+    questions without either are left out): the share of episodes that
     retrieved them all, and of the episodes that searched more than once, how many had a later
     search bring a needed paragraph the first had not, with the EM of those and of the rest. A
     second search pays only there; a reward spread between one and two searches elsewhere

@@ -251,6 +251,13 @@ class Rubric:
         # when every function is a registered one that does not, None when a user's function might.
         self.per_turn: bool | None = True if any(getattr(fn, "per_turn", False) for fn in self.fns) else (False if registered else None)
 
+    def unscorable(self, tasks: Iterable[Task]) -> list[tuple[str, str]]:
+        """(name, what) of each function that declares what a task must carry for it to score
+        anything (`fn.needs = (predicate(task) -> bool, what)`) and that no task of `tasks` carries."""
+        tasks = list(tasks)
+        return [(name, fn.needs[1]) for name, fn in zip(self.names, self.fns)
+                if getattr(fn, "needs", None) and not any(fn.needs[0](t) for t in tasks)]
+
     @classmethod
     def from_names(
         cls, names: Iterable[str | RewardFn], weights: Iterable[float] | None = None, **params: dict

@@ -137,7 +137,7 @@ def make_retrieved_gold_turn_reward(tools: tuple[str, ...] | list[str] = ("searc
 def make_retrieved_support_turn_reward(tools: tuple[str, ...] | list[str] = ("search",)):
     """Per-turn credit for finding what a multi-hop question needs (`retrieved_support_turn`): each
     turn that called one of `tools` earns 1/n for every one of the task's n gold paragraphs
-    (`gold_titles`: HotpotQA's supporting titles, the synthetic tasks' `gold_titles`) that its
+    (`gold_titles`: HotpotQA's supporting titles, 2Wiki's golden context, the synthetic tasks' `gold_titles`) that its
     results name (`Doc i(Title: t)`, `names_title`), in the observation as the policy read it (a
     title `max_obs_tokens` cut off was not found), and no earlier turn retrieved. The total, their
     sum, is the share of the needed paragraphs the episode retrieved: 1.0 when it found them all.
@@ -159,4 +159,6 @@ def make_retrieved_support_turn_reward(tools: tuple[str, ...] | list[str] = ("se
         return RewardResult(sum(values), {"known": float(bool(needed))}, turn_rewards=values)
 
     retrieved_support_turn.per_turn = True  # gives per-turn rewards (rewards/base.py)
+    retrieved_support_turn.needs = (lambda task: bool(gold_titles(task)),  # Rubric.unscorable
+                                    "its gold paragraphs (supporting_facts, supporting_titles, golden_context or gold_titles)")
     return retrieved_support_turn

@@ -262,6 +262,8 @@ def test_gold_titles_sources():
     assert gold_titles(t({"gold_titles": ["B", "A"]})) == ["B", "A"]
     assert gold_titles(t({"supporting_titles": ["A", "B", "A"]})) == ["A", "B"]
     assert gold_titles(t({"supporting_facts": [["A", 0], ["B", 2], ["A", 1]]})) == ["A", "B"]
+    assert gold_titles(t({"supporting_facts": None, "supporting_titles": ["A", "B"]})) == ["A", "B"]
+    assert gold_titles(t({"golden_context": ["A\nfirst paragraph", "B\nsecond", "A\nagain"]})) == ["A", "B"]  # 2WikiMultihopQA
     assert gold_titles(t({})) == []
 
 

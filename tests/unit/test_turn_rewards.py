@@ -67,6 +67,8 @@ def test_retrieved_support_turn_credits_each_search_for_the_needed_paragraphs_it
     assert fn("", task, turns=[turns[0], turns[1], shown, turns[3]]).turn_rewards == [0.5, 0.0, 0.5, 0.0]
     rubric = Rubric(["qa_f1", "retrieved_support_turn"], [1.0, 0.5])
     assert rubric.per_turn is True
+    # what it needs of a task (Rubric.unscorable: a run whose tasks all lack it is refused before the model loads)
+    assert rubric.unscorable([TASK, task]) == [] and [n for n, _ in rubric.unscorable([TASK])] == ["retrieved_support_turn"]
     scored = asyncio.run(rubric.score("<answer>1961</answer>", task, turns=turns))
     assert scored.total == 1.5 and scored.turn_rewards == [0.25, 0.0, 0.25, 0.0]  # the outcome reward is not a turn's
 
