@@ -222,10 +222,12 @@ def check_resume_path(resume: str) -> None:
 def check_rewards_apply(rubric: Rubric, tasks: list, source: object) -> None:
     """A reward that declares what a task must carry (`Rubric.unscorable`, e.g. retrieved_support_turn:
     gold paragraph titles) is refused, before the model loads, when no training task carries it:
-    it would score 0 on every episode."""
-    for name, what in rubric.unscorable(tasks):
-        raise ConfigError(f"reward.functions has {name}, but none of the {len(tasks)} training tasks of data.train={source} "
-                          f"names {what}; train on rows that do or drop the reward")
+    it would score 0 on every episode. Every such reward is named in the one line."""
+    missing = rubric.unscorable(tasks)
+    if missing:
+        lacks = "; ".join(f"reward.functions has {name}, but none of the {len(tasks)} training tasks of data.train={source} "
+                          f"names {what}" for name, what in missing)
+        raise ConfigError(f"{lacks}; train on rows that do or drop the reward")
 
 
 def build_rl(cfg: Config) -> RLRun:
