@@ -36,7 +36,8 @@ the DynamicCache path, so every row writes its next token at the same column L; 
 for eager attention), so masked columns weigh exactly 0 and the logits equal the DynamicCache
 path's up to float reduction order (~1e-7 a step; tokens equal, log-probs within 1e-5 in the tests). Rows join (`merge`: the shorter side is shifted right),
 leave (`select`: rows gathered to the front, columns no row attends to cut off the left) and the
-buffers move to another bucket when the rows or columns outgrow it (or shrink to half of it).
+buffers move to another bucket when the rows or columns outgrow it (or shrink to half of it;
+to a quarter when eager, which computes only the rows and columns in use).
 Bucket rows past the batch's rows are fed the pad token, attend to every column and are never
 sampled. Weight updates copy into the model's parameters in place, which the compiled graphs take
 as inputs, so they see the new weights. Models whose cache is not plain full attention (sliding
@@ -60,6 +61,7 @@ log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("auto", "true", "false")
 MIN_ROWS = 4
+SHRINK_EAGER = 4  # eager buffers shrink once the batch fits in a quarter of them (StaticKV._fit)
 AUTO_COMPILE_AFTER = 2048  # decode steps a bucket serves eagerly before "auto" compiles it (CUDA only; the break-even)
 
 
@@ -215,9 +217,13 @@ class StaticKV:
 
     def _fit(self, rows: int, cols: int, like) -> None:
         """Buckets for `rows` rows and `cols` columns (+1 for the next token): grow when they do not
-        fit, shrink when they would fit in half the buffers."""
+        fit; shrink when they would fit in half the buffers (compiled: the bucket is the graph's
+        shape) or in 1/SHRINK_EAGER of them (eager: only the rows and columns in use are computed,
+        so a smaller buffer saves memory only, and a batch whose rows come and go would otherwise
+        reallocate and zero-fill its buffers at every join)."""
         R, C = rows_bucket(rows), len_bucket(cols + 1)
-        if R > self.R or C > self.C or R * 2 <= self.R or C * 2 <= self.C:
+        k = 2 if self.g.compile else SHRINK_EAGER
+        if R > self.R or C > self.C or R * k <= self.R or C * k <= self.C:
             self._alloc(R, C, like)
 
     # -- the batch's operations
@@ -245,23 +251,23 @@ class StaticKV:
         self.n, self.L = n + m, L2
 
     def select(self, keep_t: torch.Tensor) -> None:
-        """Keep the rows `keep_t` (cache order) and drop the left columns none of them attends to."""
+        """Keep the rows `keep_t` (cache order, ascending) and drop the left columns none of them
+        attends to. Rows before the first dropped one stay in place unless columns are dropped."""
         k, L = len(keep_t), self.L
-        layers = self.cache.layers
-        for layer in layers:
-            layer.keys[:k, :, :L] = layer.keys[keep_t, :, :L]
-            layer.values[:k, :, :L] = layer.values[keep_t, :, :L]
-        self.mask_RC[:k, :L] = self.mask_RC[keep_t, :L]
-        first = int(self.mask_RC[:k, :L].any(dim=0).nonzero()[0])
-        if first > 0:
-            for layer in layers:
-                layer.keys[:k, :, : L - first] = layer.keys[:k, :, first:L].clone()
-                layer.values[:k, :, : L - first] = layer.values[:k, :, first:L].clone()
-            self.mask_RC[:k, : L - first] = self.mask_RC[:k, first:L].clone()
-            self.mask_RC[:k, L - first :] = False
+        mask_kL = self.mask_RC[keep_t, :L]
+        first = int(mask_kL.any(dim=0).nonzero()[0])
+        moved = (keep_t != torch.arange(k, device=keep_t.device)).nonzero()
+        i0 = 0 if first else (int(moved[0]) if len(moved) else k)
+        if i0 < k:
+            src = keep_t[i0:]
+            for layer in self.cache.layers:  # the gather copies before the write: overlapping rows are safe
+                layer.keys[i0:k, :, : L - first] = layer.keys[src, :, first:L]
+                layer.values[i0:k, :, : L - first] = layer.values[src, :, first:L]
+        self.mask_RC[:k, : L - first] = mask_kL[:, first:]
+        self.mask_RC[:k, L - first :] = False
         self.mask_RC[k:] = True
         self.n, self.L = k, L - first
-        self._fit(k, self.L, layers)
+        self._fit(k, self.L, self.cache.layers)
 
     def row(self, j: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Row j's keys and values at the columns it attends to, per layer `(kv_heads, n, head_dim)` (copies)."""

@@ -310,6 +310,20 @@ def test_static_kv_merge_and_select_keep_rows_aligned(tiny_model):
     assert (kv.n, kv.L) == (2, 5)
     assert kv.mask_RC[:2, :5].sum(1).tolist() == [3, 5] and kv.mask_RC[2:].all()
     torch.testing.assert_close(kv.cache.layers[0].keys[1, :, :5], c1.layers[0].keys[1])
+    # a middle row leaves, no column is cut: the rows after it move up, the buffers stay (eager
+    # shrinks only to a quarter), and at 3 of 16 rows they shrink with the rows intact
+    kv = StaticKV(DecodeGraphs(tiny_model, compile=False), pad_id=0)
+    c3, m3 = prefill([4] * 9)
+    kv.merge(c3, m3)
+    assert (kv.n, kv.R) == (9, 16)
+    kv.select(torch.tensor([0, 1, 3, 4, 5, 6]))
+    assert (kv.n, kv.L, kv.R) == (6, 4, 16)
+    for layer, src in zip(kv.cache.layers, c3.layers):
+        torch.testing.assert_close(layer.keys[:6, :, :4], src.keys[[0, 1, 3, 4, 5, 6]])
+        torch.testing.assert_close(layer.values[:6, :, :4], src.values[[0, 1, 3, 4, 5, 6]])
+    kv.select(torch.tensor([1, 4, 5]))
+    assert (kv.n, kv.L, kv.R) == (3, 4, 4) and kv.mask_RC[:3, :4].all() and kv.mask_RC[3:].all()
+    torch.testing.assert_close(kv.cache.layers[-1].keys[:3, :, :4], c3.layers[-1].keys[[1, 5, 6]])
 
 
 def test_unsupported_attention_keeps_the_dynamic_cache_and_warns_once(models, tiny_tokenizer, prompts, caplog):
