@@ -256,8 +256,10 @@ class StaticKV:
         k, L = len(keep_t), self.L
         mask_kL = self.mask_RC[keep_t, :L]
         first = int(mask_kL.any(dim=0).nonzero()[0])
-        moved = (keep_t != torch.arange(k, device=keep_t.device)).nonzero()
-        i0 = 0 if first else (int(moved[0]) if len(moved) else k)
+        i0 = 0  # the first row that moves: every row when columns are cut, else the first whose index changes
+        if not first:
+            moved = (keep_t != torch.arange(k, device=keep_t.device)).nonzero()
+            i0 = int(moved[0]) if len(moved) else k
         if i0 < k:
             src = keep_t[i0:]
             for layer in self.cache.layers:  # the gather copies before the write: overlapping rows are safe
