@@ -23,6 +23,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "reward/min": ("rl", "lowest reward"),
     "reward/max": ("rl", "highest reward"),
     "reward/<part>": ("rl", "mean of one unweighted reward part (qa_em, search_r1/em, ...)"),
+    "reward/<part>/spread_frac": ("rl", "fraction of trajectories in groups where that reward part differs: which part carries the group-relative signal (rollout/kept_frac: the total reward's)"),
     "reward/judge/rubric_items": ("rl", "judge reward: rubric items scored per trajectory (0 for tasks without rubrics)"),
     "reward/judge/item_<k>": ("rl", "judge reward: score of rubric item k (the row's order), mean over the step's trajectories (0 where the task has fewer items); each trajectory's own in its reward_parts"),
     "reward/<source>/mean": ("rl", "mean reward per data source, when the step mixes several"),

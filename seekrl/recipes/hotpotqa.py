@@ -29,6 +29,10 @@ by hand); a rerun with the same folder skips every stage whose output is complet
 6a. open    (with `demo.grpo_questions=open`) the training questions whose answer has to be read
            (`answer_options`: not yes/no, not "X or Y?") to DIR/data/train_open.jsonl: GRPO and
            the curriculum draw only from them; a policy that cannot read answers the others by chance
+           (with `demo.grpo_questions=retrievable`) then only those whose question, searched as it is,
+           brings back every needed paragraph in its top `tools.topk` results
+           (`retrievable_rows`), to DIR/data/train_retrievable.jsonl: the episodes of a group
+           then read the same paragraphs, and their rewards differ by how they read them
 6b. curriculum (with `demo.curriculum_questions` N > 0) the SFT model's pass rate on the first N
            training questions, `data.curriculum_k` samples each at the GRPO temperature, seed 0
            (DIR/curriculum.json); every GRPO seed trains only on the questions solved in some but
@@ -70,7 +74,7 @@ from seekrl.config import ConfigError, load_config
 from seekrl.recipes.hotpotqa_scores import (answer_options, em_by_type, eval_answers, paired_bootstrap, question_types,
                                             search_support, two_way_guesses)
 
-__all__ = ["run", "hotpotqa_split", "sft_share_split", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support", "learning_curve",
+__all__ = ["run", "hotpotqa_split", "sft_share_split", "retrievable_rows", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support", "learning_curve",
            "check_from_curve", "DEFAULT_CONFIG", "SPLIT_KEY"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
@@ -101,6 +105,25 @@ def sft_share_split(train: list[dict], share: float) -> tuple[list[dict], list[d
         raise ConfigError(f"demo.sft_share={share:g} of {len(train)} training questions leaves "
                           f"{'SFT' if k == 0 else 'GRPO'} none: set it between {1 / len(train):.3g} and {1 - 1 / len(train):.3g}, or 1")
     return train[:k], train[k:]
+
+
+def retrievable_rows(rows: list[dict], index_dir: Path, topk: int) -> list[dict]:
+    """The HotpotQA rows (in order) whose every needed paragraph (`hotpotqa_gold_titles`) is named
+    in the top `topk` results of the question itself searched in the index at `index_dir`: the
+    first search of a policy that asks the question as it is (the teacher's, and so SFT's) finds
+    them all, and what decides its reward is how it reads them."""
+    from seekrl.data.corpus import hotpotqa_gold_titles
+    from seekrl.data.teacher import names_title
+    from seekrl.retrieval.retriever import load_index
+    from seekrl.tools.search import format_passages
+
+    results = load_index(index_dir).search([r["question"] for r in rows], topk) if rows else []
+    keep = []
+    for row, hits in zip(rows, results):
+        shown, titles = format_passages(hits), hotpotqa_gold_titles(row)
+        if titles and all(names_title(shown, t) for t in titles):
+            keep.append(row)
+    return keep
 
 
 def supported_episode(row: dict) -> bool:
@@ -274,6 +297,9 @@ def _results_markdown(res: dict) -> str:
     if "train_rl" in split:
         lines.append(f"SFT's share (demo.sft_share): the teacher played {split['train_sft']} of the {split['train']} training questions; "
                      f"GRPO drew only from the other {split['train_rl']}, whose answers SFT never saw.")
+    if "train_retrievable" in split:
+        lines.append(f"GRPO questions (demo.grpo_questions=retrievable): the {split['train_retrievable']} of the {split['train_open']} "
+                     "open training questions whose own search brought back every needed paragraph.")
     t = res.get("teacher")
     if t:
         lines.append(f"Teacher: {t['kept']} SFT episodes kept of {t['episodes']} played ({t['gold']} with the gold answer, "
@@ -387,13 +413,23 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     evals["sft"] = evaluate("sft", str(sft_model), "heldout")
 
     grpo_train = rl_train  # what GRPO (and the curriculum) draws from: demo.sft_share, demo.grpo_questions
-    if d.grpo_questions == "open":
+    if d.grpo_questions in ("open", "retrievable"):
         grpo_train = data_dir / "train_open.jsonl"
         stage("6a. open", f"the open questions of {rl_train} (answer_options) -> {grpo_train}")
         opened = [r for r in _read_jsonl(rl_train) if answer_options(r)[0] == "open"]
         _write_jsonl(grpo_train, opened)
         counts["train_open"] = len(opened)
         console.print(f"GRPO trains on the {len(opened)} open training questions (demo.grpo_questions=open)")
+    if d.grpo_questions == "retrievable":
+        grpo_train, topk = data_dir / "train_retrievable.jsonl", cfg0.tools.topk
+        stage("6a. retrievable", f"the open questions whose needed paragraphs their own top {topk} search results hold -> {grpo_train}")
+        found = retrievable_rows(opened, index_dir, topk)
+        if not found:
+            raise ValueError(f"demo.grpo_questions=retrievable: no open training question has every needed paragraph in the "
+                             f"top {topk} results of its own search; raise tools.topk or use demo.grpo_questions=open")
+        _write_jsonl(grpo_train, found)
+        counts["train_retrievable"] = len(found)
+        console.print(f"GRPO trains on the {len(found)} of them whose question, searched as it is, brings back every needed paragraph")
 
     curriculum_over, curriculum = [], None  # every GRPO seed trains on the questions of one measured curriculum
     if d.curriculum_questions > 0:

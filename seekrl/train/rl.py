@@ -150,7 +150,7 @@ async def rl_step(rl: RLRun, step: int) -> dict[str, float]:
     reject_unexpected_versions(trajs, step, sync=rl.sync_versions)
     trajs, group_ids = usable(trajs, group_ids, stats)
     if trajs:
-        log_rollout_stats(stats, trajs)
+        log_rollout_stats(stats, trajs, group_ids)
 
     # 2. Optionally drop groups without reward spread (DAPO dynamic sampling).
     if rl.algo.filter_zero_std and trajs:
@@ -235,7 +235,10 @@ def usable(trajs: list[Trajectory], group_ids: list[int], stats: StatsTracker) -
     return [t for t, k in zip(trajs, keep) if k], [g for g, k in zip(group_ids, keep) if k]
 
 
-def log_rollout_stats(stats: StatsTracker, trajs: list[Trajectory]) -> None:
+def log_rollout_stats(stats: StatsTracker, trajs: list[Trajectory], group_ids: list[int] | None = None) -> None:
+    """The step's reward, length, per-turn and per-source metrics; with `group_ids`, also each
+    reward part's `reward/<part>/spread_frac`: the share of trajectories in groups where that part
+    differs (which part carries the group-relative signal; `rollout/kept_frac` is the total's)."""
     rewards = [t.reward for t in trajs]
     stats.add_dist("reward", rewards)
     stats.add_dist("response_len", [float(len(t.completion_ids)) for t in trajs])
@@ -244,6 +247,9 @@ def log_rollout_stats(stats: StatsTracker, trajs: list[Trajectory]) -> None:
         stats.add(**{f"rollout/{key}": sum(t.metrics.get(key, 0.0) for t in trajs) / len(trajs)})
     for part in sorted({p for t in trajs for p in t.reward_parts}):
         stats.add(**{f"reward/{part}": sum(t.reward_parts.get(part, 0.0) for t in trajs) / len(trajs)})
+        if group_ids is not None:
+            spread = zero_std_group_mask(torch.tensor([t.reward_parts.get(part, 0.0) for t in trajs]), torch.tensor(group_ids))
+            stats.add(**{f"reward/{part}/spread_frac": spread.float().mean().item()})
     sources = sorted({t.task.source for t in trajs})
     if len(sources) > 1:
         parts = sorted({p for t in trajs for p in t.reward_parts})

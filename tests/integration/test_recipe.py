@@ -204,6 +204,29 @@ def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path)
     assert metrics and all(r["loss/ptx"] > 0 and r["ptx/tokens"] > 0 for r in updated)
 
 
+def test_retrievable_questions_grpo_draws_only_questions_whose_search_finds_every_paragraph(recipe, tmp_path):
+    """demo.grpo_questions=retrievable: GRPO trains on DIR/data/train_retrievable.jsonl, the open
+    training questions whose own search returns every needed paragraph in the top tools.topk."""
+    import shutil
+
+    from seekrl.recipes.hotpotqa import retrievable_rows
+
+    out = tmp_path / "retrievable"
+    shutil.copytree(recipe, out, ignore=shutil.ignore_patterns("grpo*", "again_*", "check", "results.*", "report*"))
+    for f in out.rglob("*.yaml"):
+        f.write_text(f.read_text().replace(str(recipe), str(out)))
+    assert main(["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *SMALL, "demo.grpo_seeds=[0]", "demo.check_every=0",
+                 "demo.grpo_questions=retrievable"]) == 0
+    opened = _lines(out / "data" / "train_open.jsonl")
+    found = _lines(out / "data" / "train_retrievable.jsonl")
+    assert found == retrievable_rows(opened, out / "index", 3) and 0 < len(found) < len(opened)
+    assert json.loads((out / "results.json").read_text())["split"]["train_retrievable"] == len(found)
+    assert f"the {len(found)} of the {len(opened)} open training questions whose own search" in (out / "results.md").read_text()
+    assert f"train: {out / 'data' / 'train_retrievable.jsonl'}" in (out / "grpo" / "config.yaml").read_text()
+    drawn = {r["task_id"] for f in (out / "grpo" / "trajectories").glob("*.jsonl") for r in _lines(f)}
+    assert drawn and drawn <= {r["_id"] for r in found}
+
+
 def test_sft_share_gives_grpo_only_questions_sft_never_saw(recipe, tmp_path, capsys):
     """demo.sft_share=0.5: the teacher plays (and SFT trains on) the first half of the training
     questions, DIR/data/train_sft.jsonl; GRPO draws only from the other half, DIR/data/train_rl.jsonl

@@ -190,3 +190,21 @@ def test_per_source_reward_and_em_metrics():
     stats = StatsTracker()
     log_rollout_stats(stats, [traj("a", 1.0, {"qa_em": 1.0})])
     assert not any(k.startswith("reward/a/") for k in stats.export())
+
+
+def test_reward_part_spread_is_measured_per_group():
+    # group 0: F1 differs, retrieval equal; group 1: retrieval differs, F1 equal; group 2 (one member): no spread
+    parts = [{"qa_f1": 0.0, "ret": 1.0}, {"qa_f1": 0.5, "ret": 1.0},
+             {"qa_f1": 0.2, "ret": 0.0}, {"qa_f1": 0.2, "ret": 0.5}, {"qa_f1": 0.2, "ret": 0.5},
+             {"qa_f1": 1.0, "ret": 0.0}]
+    trajs = [traj("s", p["qa_f1"] + 0.5 * p["ret"], p) for p in parts]
+    stats = StatsTracker()
+    log_rollout_stats(stats, trajs, [0, 0, 1, 1, 1, 2])
+    out = stats.export()
+    assert out["reward/qa_f1/spread_frac"] == pytest.approx(2 / 6)
+    assert out["reward/ret/spread_frac"] == pytest.approx(3 / 6)
+    assert undocumented(out) == []
+    # without group ids (an evaluation's trajectories) there is no spread to measure
+    stats = StatsTracker()
+    log_rollout_stats(stats, trajs)
+    assert not any(k.endswith("/spread_frac") for k in stats.export())

@@ -4,6 +4,7 @@
 - the teacher in `first_query: question` mode over a real BM25 index of the rows' paragraphs:
   the question first, then only gold titles still missing (the bridge entity), then the gold
   answer exactly when every gold paragraph came back;
+- `retrievable_rows` (demo.grpo_questions=retrievable) against that teacher's episodes;
 - which teacher episodes are kept (`supported_episode`), the paired bootstrap, `passage_words`
   and the `well_formed` eval metric.
 """
@@ -22,7 +23,7 @@ from seekrl.data.loaders import builtin_rows, load_tasks
 from seekrl.data.teacher import ScriptedTeacher, gold_titles
 from seekrl.evaluate import score_trajectory, summarize
 from seekrl.generate import run_episode
-from seekrl.recipes.hotpotqa import hotpotqa_split, paired_bootstrap, sft_share_split, supported_episode
+from seekrl.recipes.hotpotqa import hotpotqa_split, paired_bootstrap, retrievable_rows, sft_share_split, supported_episode
 from seekrl.retrieval.bm25 import BM25Index
 from seekrl.retrieval.retriever import LocalRetriever
 from seekrl.rewards import Rubric
@@ -71,7 +72,9 @@ def test_question_first_teacher_searches_the_bridge_entity_and_answers_only_with
     path.write_text("\n".join(__import__("json").dumps(r) for r in sample) + "\n")
     tasks = load_tasks(str(path), template="search_r1")
     registry = ToolRegistry()
-    registry.register(make_search_tool(LocalRetriever(BM25Index.build(list(docs.values()))), 3, passage_words=40))
+    index = BM25Index.build(list(docs.values()))
+    index.save(tmp_path / "index")
+    registry.register(make_search_tool(LocalRetriever(index), 3, passage_words=40))
     executor, fmt, rubric = ToolExecutor(registry), get_format("search_r1"), Rubric(["search_r1"])
     teacher = ScriptedTeacher(tasks, "search_r1", skip_search=0.0, stop_early=0.0, weak_query=0.0, give_up=0.0,
                               max_turns=2, first_query="question")
@@ -84,7 +87,7 @@ def test_question_first_teacher_searches_the_bridge_entity_and_answers_only_with
             out.append((task, ep, await rubric.score(text, task, finish_reason=ep["finish_reason"])))
         return out
 
-    bridged = 0
+    bridged, one_search = 0, set()
     for task, ep, r in asyncio.run(go()):
         trained = [s["text"] for s in ep["segments"] if not s["masked"]]
         seen = " ".join(s["text"] for s in ep["segments"] if s["masked"])
@@ -95,6 +98,8 @@ def test_question_first_teacher_searches_the_bridge_entity_and_answers_only_with
         for q in queries[1:]:  # later queries: a gold title the earlier results had not brought back
             assert q in titles
         bridged += len(queries) > 1
+        if len(queries) == 1:
+            one_search.add(task.id)
         found = all(f"(Title: {t})" in seen or f'(Title: "{t}")' in seen for t in titles)
         assert ep["finish_reason"] == "answered"
         if found:
@@ -104,6 +109,13 @@ def test_question_first_teacher_searches_the_bridge_entity_and_answers_only_with
             if line.startswith("Doc "):
                 assert len(line.split(") ", 1)[1].split()) <= 41
     assert bridged >= 5  # the question alone often misses the second paragraph
+    # demo.grpo_questions=retrievable keeps exactly the questions whose own search found every
+    # needed paragraph: those the question-first teacher answered after one search
+    kept = retrievable_rows(sample, tmp_path / "index", 3)
+    assert {r["_id"] for r in kept} == one_search and 0 < len(kept) < len(sample)
+    assert kept == [r for r in sample if r["_id"] in one_search]  # in the rows' order
+    assert {r["_id"] for r in retrievable_rows(sample, tmp_path / "index", 6)} > one_search  # more results, more kept
+    assert retrievable_rows([], tmp_path / "index", 3) == []
 
 
 def test_supported_episode_and_passage_words():
