@@ -419,7 +419,8 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         opened = [r for r in _read_jsonl(rl_train) if answer_options(r)[0] == "open"]
         _write_jsonl(grpo_train, opened)
         counts["train_open"] = len(opened)
-        console.print(f"GRPO trains on the {len(opened)} open training questions (demo.grpo_questions=open)")
+        console.print(f"GRPO trains on the {len(opened)} open training questions (demo.grpo_questions=open)" if d.grpo_questions == "open"
+                      else f"{len(opened)} open training questions")
     if d.grpo_questions == "retrievable":
         grpo_train, topk = data_dir / "train_retrievable.jsonl", cfg0.tools.topk
         stage("6a. retrievable", f"the open questions whose needed paragraphs their own top {topk} search results hold -> {grpo_train}")
@@ -429,7 +430,8 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
                              f"top {topk} results of its own search; raise tools.topk or use demo.grpo_questions=open")
         _write_jsonl(grpo_train, found)
         counts["train_retrievable"] = len(found)
-        console.print(f"GRPO trains on the {len(found)} of them whose question, searched as it is, brings back every needed paragraph")
+        console.print(f"GRPO trains on the {len(found)} of them whose question, searched as it is, brings back every needed paragraph "
+                      "(demo.grpo_questions=retrievable)")
 
     curriculum_over, curriculum = [], None  # every GRPO seed trains on the questions of one measured curriculum
     if d.curriculum_questions > 0:

@@ -245,11 +245,12 @@ def log_rollout_stats(stats: StatsTracker, trajs: list[Trajectory], group_ids: l
     stats.add(**{"rollout/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / len(trajs)})
     for key in sorted({k for t in trajs for k in t.metrics}):  # turns, tool_calls/<name>, tool_errors, ...
         stats.add(**{f"rollout/{key}": sum(t.metrics.get(key, 0.0) for t in trajs) / len(trajs)})
+    groups = torch.tensor(group_ids) if group_ids is not None else None
     for part in sorted({p for t in trajs for p in t.reward_parts}):
-        stats.add(**{f"reward/{part}": sum(t.reward_parts.get(part, 0.0) for t in trajs) / len(trajs)})
-        if group_ids is not None:
-            spread = zero_std_group_mask(torch.tensor([t.reward_parts.get(part, 0.0) for t in trajs]), torch.tensor(group_ids))
-            stats.add(**{f"reward/{part}/spread_frac": spread.float().mean().item()})
+        values = [t.reward_parts.get(part, 0.0) for t in trajs]
+        stats.add(**{f"reward/{part}": sum(values) / len(trajs)})
+        if groups is not None:
+            stats.add(**{f"reward/{part}/spread_frac": zero_std_group_mask(torch.tensor(values), groups).float().mean().item()})
     sources = sorted({t.task.source for t in trajs})
     if len(sources) > 1:
         parts = sorted({p for t in trajs for p in t.reward_parts})
