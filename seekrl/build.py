@@ -55,7 +55,7 @@ from seekrl.train.rl import RLRun
 from seekrl.train.sft import SFTRun, load_sft_rows, tiny_texts, tokenize_examples
 from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher, teacher_folder, teacher_plan, tokenizer_problem
 
-__all__ = ["run_folder", "sampler_settings", "build_workflow", "build_rl", "policy_trainer", "ptx_anchor", "critic_trainer", "build_eval",
+__all__ = ["run_folder", "sampler_settings", "build_workflow", "rollout_workflow", "build_rl", "policy_trainer", "ptx_anchor", "critic_trainer", "build_eval",
            "build_curriculum", "curriculum_cache_key", "curriculum_seed", "eval_in_flight", "build_sft", "build_generate",
            "write_initial_weights", "local_engine", "check_teacher", "build_teacher", "check_chat_template", "check_agent",
            "check_rewards_apply"]
@@ -108,6 +108,13 @@ def build_workflow(cfg: Config, tokenizer, rubric: Rubric) -> Workflow:
         max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens, mask_observations=r.mask_observations,
         trajectory=r.trajectory,
     )
+
+
+
+def rollout_workflow(workflow: Workflow, answer_branches: int) -> Workflow:
+    """The training rollout's workflow: `workflow` itself, or with rollout.answer_branches > 1 the
+    tool agent that samples each episode's last turn that many times (evaluation keeps `workflow`)."""
+    return workflow if answer_branches == 1 else workflow.with_answer_branches(answer_branches)
 
 
 def _task_sets(cfg: Config, curriculum: bool = False) -> TaskSets:
@@ -315,7 +322,8 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
     from_update = (t.recompute_logprobs == "auto" and not reuse and t.ppo_epochs == 1 and t.minibatches == 1
                    and r.mode == "sync" and not a.decoupled and not kl_read_before and a.name != "distill")
     if ranks.is_main:
-        rollout = make_rollout(r, workflow, engine, tasks.iterator, sampling_params(r), seed=t.seed, decode=text_decoder(tokenizer))
+        rollout = make_rollout(r, rollout_workflow(workflow, r.answer_branches), engine, tasks.iterator, sampling_params(r), seed=t.seed,
+                               decode=text_decoder(tokenizer))
         rollout = LeaderRollout(rollout, ranks, full_model) if ranks.distributed else rollout
     else:
         rollout = FollowerRollout(ranks)

@@ -228,6 +228,9 @@ def _check_between(cfg: Config) -> None:
     if r.trajectory == "stepwise" and a.name not in (*GROUP_ALGOS, "distill"):
         raise ConfigError(f"rollout.trajectory=stepwise gives each turn its episode's advantage from a group baseline over episodes; "
                           f"algo.name={a.name} takes returns along one sequence: use grpo, dr_grpo, rloo or distill, or rollout.trajectory=prefix")
+    if r.answer_branches > 1 and (tl.format is None or r.trajectory != "prefix"):
+        raise ConfigError(f"rollout.answer_branches={r.answer_branches} samples the last turn of a tool episode again from its history: "
+                          "it needs tools.format set and rollout.trajectory=prefix; set rollout.answer_branches=1")
     for key, on in (("algo.turn_advantage=true", a.turn_advantage), (f"algo.turn_gamma={a.turn_gamma:g}", a.turn_gamma != 1)):
         if on and a.name not in GROUP_ALGOS:
             raise ConfigError(f"{key} acts on a group baseline's advantage, which algo.name={a.name} has not; use grpo, dr_grpo or rloo, or drop it")

@@ -118,6 +118,22 @@ class PrefixKV:
                 self.stats["hits"] += requests
                 self.stats["reused_tokens"] += n * requests
                 return entry
+        return self._extending(prompt, requests)
+
+    def _extending(self, prompt: list[int], requests: int) -> PrefixEntry | None:
+        """A stored key that starts with the whole of `prompt` serves its first len(prompt) - 1
+        tokens (a view; the last prompt token is fed, for its logits): a later turn sampled again
+        from a context that a finished request continued (rollout.answer_branches). Its uses are
+        not spent: the entry still serves the continuation of its own request."""
+        n = len(prompt) - 1
+        if n < 1:
+            return None
+        head = tuple(prompt)
+        for key, entry in self._entries.items():
+            if len(key) >= len(prompt) and key[: len(prompt)] == head:
+                self.stats["hits"] += requests
+                self.stats["reused_tokens"] += n * requests
+                return PrefixEntry(n, entry.layers, uses=0, pinned=True)
         return None
 
     def shared_start(self, prompt: list[int], min_tokens: int = SHARED_MIN_TOKENS) -> int:

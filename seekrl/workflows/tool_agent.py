@@ -58,6 +58,21 @@ sampled, so the engine has no behaviour log-prob for them. Such trajectories car
 `metrics["unmasked_inserted_tokens"] > 0` and the trainer must recompute old log-probs in that
 mode (`train.recompute_logprobs`); the 0.0 placeholders are not log-probs.
 
+Answer branches (`answer_branches` K > 1, rollout.answer_branches; the training rollout only:
+`with_answer_branches`, never evaluation). An episode's group comparison mixes what it searched
+with how it read what it found. With K > 1, each episode that ended by its last turn's decision
+(answered, or max_turns) is sampled K - 1 more times from its state before that last engine call
+(same history, tool results and counters; own seeds `stable_seed(seed, "branch", j)`): each
+branch goes on with the usual loop, so it usually answers in one call but may search again. A
+branch trains only what it sampled after that point (the shared history is masked: logprob 0.0,
+version -1); its reward is its own; it joins the task's group, so the baseline is taken over all
+episodes and branches. The shared history trains once, in the first episode, with that
+episode's advantage. The history's keys and values are reused for the branches
+(engines/prefix_kv.py serves a prompt from a stored key that extends it). Each row carries
+`metrics["answer_branch"]` (1 for a branch): `rollout/answer_branch` is the share of branch rows,
+and the other `rollout/*` means are over rows, branches included. Tree-GRPO and ARPO branch
+agent rollouts likewise; this branches only the last turn (the reading of what was found).
+
 The G episodes of a group run concurrently, and each moves to its next turn as soon as its own
 tools return (no batch-wide barrier; bench/rollout_multiturn.py measures the difference).
 Tool failures are observations and counted metrics (executor.py), never exceptions; engine and
@@ -69,6 +84,7 @@ Run the tests: `python -m pytest tests/integration/test_tool_agent.py tests/unit
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 from collections import Counter
 
@@ -77,7 +93,7 @@ from seekrl.errors import ConfigError, EngineRequestError
 from seekrl.models import ChatPrompts, encode_chat
 from seekrl.rewards.base import TurnContext
 from seekrl.rewards.rubric import Rubric
-from seekrl.rollout import episode_params, turn_seed
+from seekrl.rollout import episode_params, stable_seed, turn_seed
 from seekrl.tools.executor import EpisodeToolState, ToolExecutor
 from seekrl.tools.parsers import tail_text
 from seekrl.types import SamplingParams, Task, Trajectory, TrajectoryGroup
@@ -85,6 +101,30 @@ from seekrl.types import SamplingParams, Task, Trajectory, TrajectoryGroup
 __all__ = ["ToolAgentWorkflow", "encode_chat_with_tools", "check_prefix_template", "TRUNCATION_MARKER"]
 
 TRUNCATION_MARKER = " ...[truncated]"
+
+
+@dataclasses.dataclass
+class _Fork:
+    """An episode's loop state at the start of a turn: where an answer branch goes on from."""
+
+    traj: Trajectory
+    turns: list[TurnContext]
+    state: EpisodeToolState
+    calls: Counter
+    m: Counter
+    tool_turns: int
+    sampled: int
+    messages: list[dict] | None
+    turn_prompt: list[int]
+
+    def copy(self) -> _Fork:
+        t = self.traj
+        traj = dataclasses.replace(t, completion_ids=list(t.completion_ids), loss_mask=list(t.loss_mask), logprobs=list(t.logprobs),
+                                   versions=list(t.versions), turn_spans=[list(x) for x in t.turn_spans],
+                                   turn_prompts=None if t.turn_prompts is None else list(t.turn_prompts), metrics={})
+        state = EpisodeToolState(Counter(self.state.calls), Counter(self.state.errors))
+        return _Fork(traj, list(self.turns), state, Counter(self.calls), Counter(self.m), self.tool_turns, self.sampled,
+                     None if self.messages is None else list(self.messages), list(self.turn_prompt))
 
 
 def encode_chat_with_tools(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
@@ -107,11 +147,14 @@ class ToolAgentWorkflow:
         mask_observations: bool = True,
         tools_schema_in_prompt: bool | None = None,  # None: only for the hermes format
         trajectory: str = "prefix",  # prefix | stepwise (module docstring)
+        answer_branches: int = 1,  # samples of each episode's last turn (module docstring; rollout.answer_branches)
     ):
         if max_turns < 0 or max_obs_tokens < 1 or max_total_tokens < 1:
             raise ValueError("max_turns must be >= 0, max_obs_tokens and max_total_tokens >= 1")
         if trajectory not in ("prefix", "stepwise"):
             raise ValueError(f"trajectory must be 'prefix' or 'stepwise', got {trajectory!r}")
+        if answer_branches < 1 or (answer_branches > 1 and trajectory != "prefix"):
+            raise ValueError(f"answer_branches must be >= 1, and 1 unless trajectory='prefix' (got {answer_branches}, {trajectory!r})")
         if trajectory == "stepwise" and not mask_observations:
             raise ValueError("the stepwise layout puts observations in the next turn's prompt: they cannot be trained on (mask_observations=False)")
         self.tokenizer = tokenizer
@@ -133,6 +176,7 @@ class ToolAgentWorkflow:
         self._tail_ids = list(tokenizer.encode(tail_text(fmt, tokenizer), add_special_tokens=False))
         self._prompts = ChatPrompts(tokenizer, self.tools)
         self.trajectory = trajectory
+        self.answer_branches = answer_branches
         renders_turns = hasattr(fmt, "history_rewrite")  # hermes: observations rendered by the chat template
         self.rerender = trajectory == "stepwise" and renders_turns
         if trajectory == "prefix" and renders_turns:
@@ -148,10 +192,20 @@ class ToolAgentWorkflow:
         """The tools' run-level counters (`tools/<name>/<counter>`), in every step's metrics."""
         return self.executor.metrics()
 
+    def with_answer_branches(self, k: int) -> ToolAgentWorkflow:
+        """This workflow (same tools, rubric, format) sampling `k` versions of each episode's last
+        turn; the run's training rollout uses it, its evaluation the workflow itself."""
+        if k != 1 and self.trajectory != "prefix":
+            raise ValueError("answer branches need trajectory='prefix'")
+        out = copy.copy(self)
+        out.answer_branches = k
+        return out
+
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
         params = params or self.params
         prompt_ids = self.prompt_ids(task)
-        done = await asyncio.gather(*(self._episode(task, engine, prompt_ids, p) for p in episode_params(params, task, n)))
+        done = [d for ds in await asyncio.gather(*(self._branched(task, engine, prompt_ids, p) for p in episode_params(params, task, n)))
+                for d in ds]
         trajs = [t for t, _ in done]
         results = await self.rubric.score_many(
             (
@@ -167,6 +221,28 @@ class ToolAgentWorkflow:
             if r.unavailable and t.status == "ok":  # the judge could not score it: left out of the update, counted, not scored 0
                 t.status = "reward_unavailable"
         return TrajectoryGroup(task=task, trajectories=trajs)
+
+    async def _branched(self, task: Task, engine: InferenceEngine, prompt_ids: list[int],
+                        params: SamplingParams) -> list[tuple[Trajectory, list[TurnContext]]]:
+        """One episode, then (answer_branches > 1, the episode ok and ended by its last turn's
+        decision: answered or max_turns) answer_branches - 1 more episodes that go on from its
+        state before its last engine call, each trained only on what it sampled after that point."""
+        traj, turns, last = await self._episode(task, engine, prompt_ids, params)
+        out = [(traj, turns)]
+        if self.answer_branches > 1:
+            traj.metrics["answer_branch"] = 0.0  # rollout/answer_branch: the share of a step's rows that are branches
+        if self.answer_branches < 2 or last is None or traj.status != "ok" or traj.finish_reason not in ("answered", "max_turns"):
+            return out
+        seeds = [None if params.seed is None else stable_seed(params.seed, "branch", j) for j in range(1, self.answer_branches)]
+        more = await asyncio.gather(*(self._episode(task, engine, prompt_ids, dataclasses.replace(params, seed=s), last) for s in seeds))
+        shared = len(last.traj.completion_ids)
+        for b, b_turns, _ in more:
+            b.loss_mask[:shared] = [0] * shared  # the shared part trains once, in the first episode
+            b.logprobs[:shared] = [0.0] * shared
+            b.versions[:shared] = [-1] * shared
+            b.metrics["answer_branch"] = 1.0
+            out.append((b, b_turns))
+        return out
 
     def truncate_observation(self, ids: list[int], limit: int) -> tuple[list[int], bool]:
         """At most `limit` ids: the head, the marker, the format's closing text (see module docstring)."""
@@ -189,30 +265,38 @@ class ToolAgentWorkflow:
         """One episode (module docstring). Returns the trajectory without its reward."""
         return (await self._episode(task, engine, prompt_ids, params))[0]
 
-    async def _episode(self, task: Task, engine: InferenceEngine, prompt_ids: list[int],
-                       params: SamplingParams) -> tuple[Trajectory, list[TurnContext]]:
-        """One episode and what its turns did (the rewards' `ctx["turns"]`)."""
+    async def _episode(self, task: Task, engine: InferenceEngine, prompt_ids: list[int], params: SamplingParams,
+                       fork: _Fork | None = None) -> tuple[Trajectory, list[TurnContext], _Fork | None]:
+        """One episode and what its turns did (the rewards' `ctx["turns"]`), and its state before
+        its last engine call (None when it made none); from `fork`, the episode goes on from that
+        state instead (answer branches)."""
         fmt, tok = self.fmt, self.tokenizer
         stepwise = self.trajectory == "stepwise"
-        traj = Trajectory(task=task, prompt_ids=prompt_ids, completion_ids=[], loss_mask=[], logprobs=[], versions=[],
-                          turn_prompts=[] if stepwise else None)
-        messages = list(task.prompt) if self.rerender else None  # the conversation so far, re-rendered for each turn
-        turn_prompt, turns = prompt_ids, []
-        state = EpisodeToolState()
-        calls: Counter = Counter()
-        m = Counter({k: 0 for k in ("turns", "tool_calls", "valid_actions", "invalid_actions", "tool_errors", "obs_tokens", "truncated_obs", "unmasked_inserted_tokens")})
-        tool_turns, sampled, finish = 0, 0, None
+        keep_fork = self.answer_branches > 1 and fork is None  # a branch is not branched again
+        if fork is None:
+            traj = Trajectory(task=task, prompt_ids=prompt_ids, completion_ids=[], loss_mask=[], logprobs=[], versions=[],
+                              turn_prompts=[] if stepwise else None)
+            m = Counter({k: 0 for k in ("turns", "tool_calls", "valid_actions", "invalid_actions", "tool_errors", "obs_tokens", "truncated_obs", "unmasked_inserted_tokens")})
+            fork = _Fork(traj, [], EpisodeToolState(), Counter(), m, 0, 0, list(task.prompt) if self.rerender else None, prompt_ids)
+        else:
+            fork = fork.copy()
+        last: _Fork | None = None
+        traj, turns, state, calls, m = fork.traj, fork.turns, fork.state, fork.calls, fork.m
+        messages, turn_prompt = fork.messages, fork.turn_prompt  # stepwise: the conversation so far, re-rendered for each turn
+        finish = None
         while finish is None:
             remaining = self.max_total_tokens - len(traj.completion_ids)
             if remaining <= 0:
                 finish = "length"
                 break
-            final = tool_turns >= self.max_turns
+            final = fork.tool_turns >= self.max_turns
             p = dataclasses.replace(
                 params, stop=fmt.answer_stop if final else fmt.stop, max_new_tokens=min(params.max_new_tokens, remaining),
                 seed=turn_seed(params.seed, m["turns"]),
             )
             context = turn_prompt if messages is not None else prompt_ids + traj.completion_ids
+            if keep_fork:
+                last = dataclasses.replace(fork, messages=messages, turn_prompt=turn_prompt).copy()
             try:
                 c = await engine.generate(context, p)
             except EngineRequestError:  # this request failed on the engine's side: not the policy's doing
@@ -220,7 +304,7 @@ class ToolAgentWorkflow:
                 break
             traj.append_turn(list(c.token_ids), logprobs=list(c.logprobs), version=c.token_versions(), prompt_ids=context if stepwise else None)
             m["turns"] += 1
-            sampled += len(c.token_ids)
+            fork.sampled += len(c.token_ids)
             text = tok.decode(c.token_ids, skip_special_tokens=True)
             turns.append(TurnContext(text))
             if c.finish_reason == "abort":
@@ -240,7 +324,7 @@ class ToolAgentWorkflow:
             if final:
                 finish = "max_turns"
                 break
-            tool_turns += 1
+            fork.tool_turns += 1
             closed = bool(c.token_ids) and c.token_ids[-1] in self.eos_ids
             if parsed.invalid or not parsed.calls:
                 m["invalid_actions"] += 1
@@ -279,10 +363,10 @@ class ToolAgentWorkflow:
         traj.metrics = {k: float(v) for k, v in m.items()}
         traj.metrics.update({f"tool_calls/{k}": float(v) for k, v in calls.items()})
         traj.metrics["response_len"] = float(len(traj.completion_ids))
-        traj.metrics["sampled_tokens"] = float(sampled)
+        traj.metrics["sampled_tokens"] = float(fork.sampled)
         traj.finish_reason = finish
         traj.text = tok.decode(traj.completion_ids, skip_special_tokens=True)
-        return traj, turns
+        return traj, turns, last
 
 
 def check_prefix_template(tokenizer, fmt) -> None:

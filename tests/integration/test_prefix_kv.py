@@ -128,7 +128,10 @@ def test_weight_update_empties_the_store_and_the_budget_holds(sharp_tiny, tiny_t
     store.put([9, 9, 9, 9], kv)  # 12 > 10 tokens: the oldest goes
     assert len(store) == 2 and store.tokens == 8 and store.stats["dropped"] == 1
     assert store.take([1, 2, 3, 4, 5]) is None  # dropped
-    assert store.take([5, 6, 7, 8]) is None  # a key must be a proper prefix: one token at least to prefill
+    # a key that extends the prompt serves all but its last token (fed for its logits), and is not used up
+    part = store.take([5, 6, 7, 8])
+    assert part is not None and part.length == 3 and part.layers is store._entries[(5, 6, 7, 8)].layers
+    assert store.take([5, 6, 7]).length == 2 and store.take([5]) is None and store.take([5, 6, 9]) is None
     e = store.take([5, 6, 7, 8, 1])
     assert e is not None and e.length == 4 and store.take([5, 6, 7, 8, 1]) is None  # served once
     store.put(list(range(11)), kv)  # longer than the whole budget: not kept
@@ -162,3 +165,32 @@ def test_weight_update_empties_the_store_and_the_budget_holds(sharp_tiny, tiny_t
     assert fresh.take(list(range(100, 140)) + [1], prefill=lambda ids: None) is None  # nothing to share yet
     assert fresh.take(list(range(100, 140)) + [2], prefill=lambda ids: None) is None  # a start that cannot be stored
     assert fresh.stats["pinned"] == 1 and len(fresh) == 1
+
+
+@pytest.mark.parametrize("compile", ["false", "auto"])
+def test_a_context_sampled_again_after_its_turn_finished_reuses_that_turns_kv(sharp_tiny, tiny_tokenizer, compile):
+    """Answer branches (rollout.answer_branches): after a turn finished, its context is asked for
+    again by several seeded requests at once. The finished turn's stored key extends that context,
+    so the branches feed only its last token, once, and sample what a full prefill samples."""
+    model = sharp_tiny(5)
+    rng = random.Random(3)
+    context = [rng.randrange(5, 100) for _ in range(37)]
+    full = LocalEngine(model, tiny_tokenizer, seed=0, compile=compile)
+    reuse = LocalEngine(model, tiny_tokenizer, seed=0, compile=compile, reuse_kv_tokens=100_000)
+
+    async def go(engine):
+        first = await engine.generate(context, SamplingParams(max_new_tokens=6, temperature=1.0, seed=1, ignore_eos=True))
+        before = engine.stats["prefill_tokens"]
+        more = await asyncio.gather(*(engine.generate(context, SamplingParams(max_new_tokens=6, temperature=1.0, seed=10 + j, ignore_eos=True))
+                                      for j in range(3)))
+        return first, more, engine.stats["prefill_tokens"] - before
+
+    (fa, ma, pa), (fb, mb, pb) = asyncio.run(go(full)), asyncio.run(go(reuse))
+    assert len(fb.token_ids) > 1  # the first turn left its keys and values
+    for a, b in zip([fa, *ma], [fb, *mb]):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-5, rtol=0)
+    assert len({tuple(c.token_ids) for c in mb}) > 1  # own seeds: the branches differ
+    assert pa == len(context) and pb == 1  # a full prefill of the context once, against its last token once
+    full.close()
+    reuse.close()

@@ -147,3 +147,42 @@ def test_unmasked_observations_ablation_trains_on_inserted_tokens(tmp_path):
     assert row["rollout/unmasked_inserted_tokens"] > 0 and row["loss/policy"] == row["loss/policy"]
     samples = [json.loads(line) for line in (comp.run_dir / "trajectories" / "step_1.jsonl").read_text().splitlines()]
     assert any("<information>" in seg["text"] and not seg["masked"] for s in samples for seg in s["segments"])
+
+
+def test_answer_branches_train_each_episodes_last_turn_sampled_again(tmp_path):
+    """rollout.answer_branches=3 through the RL loop on the KV-reusing engine: an episode that
+    answered (or ran out of turns) comes with 2 branches of its last turn, which join its group,
+    carry the shared history masked (its search turn trains once, in the episode), and are counted
+    in rollout/answer_branch; evaluation keeps the unbranched workflow."""
+    from itertools import groupby
+
+    data, codes = _world(tmp_path)
+    cfg = load_config(None, [
+        "model.path=tiny", "model.tiny_hidden=64", "model.max_context=320", f"data.train={data}",
+        "rollout.group_size=4", "rollout.batch_size=8", "rollout.max_new_tokens=16", "rollout.max_prompt_tokens=96",
+        "rollout.max_turns=2", "rollout.max_total_tokens=160", "rollout.max_obs_tokens=96", "rollout.answer_branches=3",
+        "rollout.reuse_kv_tokens=20000", "rollout.temperature=1.0", "tools.format=search_r1", f"tools.retriever={tmp_path / 'index'}",
+        "tools.topk=1", "reward.functions=[qa_em]", "algo.name=grpo", "train.steps=2", "train.lr=1e-3", f"log.dir={tmp_path}",
+        "log.name=branches", "log.progress=false", "log.tensorboard=false", "log.samples_every=1", "log.samples_groups=100",
+    ])
+    comp = build_rl(cfg)
+    try:
+        assert comp.workflow.answer_branches == 1 and comp.rollout.workflow.answer_branches == 3
+        _warm_start(comp, codes, steps=150)
+        asyncio.run(rl.run(comp))
+        hits = comp.engine.prefix_kv.stats["hits"]
+    finally:
+        comp.close()
+    rows = read_metrics(comp.run_dir)
+    assert undocumented({k for r in rows for k in r}) == []
+    assert hits > 0
+    for r in rows:
+        samples = [json.loads(line) for line in (comp.run_dir / "trajectories" / f"step_{r['step']}.jsonl").read_text().splitlines()]
+        sizes = [len(list(g)) for _, g in groupby(samples, key=lambda s: s["task_id"])]
+        assert len(sizes) == 2 and all(n >= 4 and (n - 4) % 2 == 0 for n in sizes)  # 4 episodes, 2 branches per decided one
+        assert r["rollout/answer_branch"] == pytest.approx((sum(sizes) - 8) / sum(sizes))
+    assert max(r["rollout/answer_branch"] for r in rows) > 0
+    # a branch's shared search turn is a masked segment; in the episodes it is trained
+    samples = [json.loads(line) for line in (comp.run_dir / "trajectories" / "step_1.jsonl").read_text().splitlines()]
+    assert any("<search>" in seg["text"] and seg["masked"] for s in samples for seg in s["segments"])
+    assert any("<search>" in seg["text"] and not seg["masked"] for s in samples for seg in s["segments"])

@@ -258,6 +258,51 @@ def test_random_scripted_episodes_keep_the_contract(tiny_tokenizer, seed, fmt_na
     run_random_episodes(tiny_tokenizer, seed, fmt_name=fmt_name)
 
 
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**31), fmt_name=st.sampled_from(["search_r1", "dr_tulu", "hermes"]))
+def test_answer_branches_sample_the_last_turn_again_from_the_same_history(tiny_tokenizer, seed, fmt_name):
+    """rollout.answer_branches=3: an episode that ended by its last turn's decision gets 2 branches
+    that go on from its state before that turn: the same history and prompt, their own seeds, the
+    history masked (it trains once, in the first episode), their own sampled tokens trained, their
+    own rewards; the evaluation's workflow (the one branched from) still runs n episodes."""
+    from seekrl.rollout import episode_params, stable_seed, turn_seed
+
+    rng = random.Random(f"branch-{seed}")
+    base = ToolAgentWorkflow(
+        tiny_tokenizer, SamplingParams(max_new_tokens=rng.choice([8, 48, 128]), temperature=1.0, seed=seed), Rubric(["qa_em"]),
+        get_format(fmt_name), ToolExecutor(ToolRegistry([make_search_tool({})])), max_turns=rng.randint(0, 4),
+        max_obs_tokens=rng.choice([20, 64]), max_total_tokens=rng.choice([60, 300, 1200]),
+    )
+    wf = base.with_answer_branches(3)
+    assert base.answer_branches == 1 and wf.answer_branches == 3 and wf.executor is base.executor
+    for i in range(4):
+        eng = ScriptedEngine(tiny_tokenizer, random.Random(rng.random()), f"ep{i}", fmt_name)
+        first, *branches = asyncio.run(wf.run(TASK, eng, 1)).trajectories
+        decided = first.status == "ok" and first.finish_reason in ("answered", "max_turns")
+        assert len(branches) == (2 if decided else 0) and first.metrics["answer_branch"] == 0.0
+        if not decided:
+            continue
+        k = len(first.turn_spans) - 1  # the last turn, sampled again
+        shared = first.turn_spans[k][0]
+        context = first.prompt_ids + first.completion_ids[:shared]
+        asked = [params for prompt, params, _, _ in eng.records if prompt == context]
+        seed0 = episode_params(wf.params, TASK, 1)[0].seed
+        assert sorted(p.seed for p in asked) == sorted(turn_seed(s, k) for s in (seed0, *(stable_seed(seed0, "branch", j) for j in (1, 2))))
+        for b in branches:
+            assert b.metrics["answer_branch"] == 1.0 and b.prompt_ids == first.prompt_ids
+            assert b.completion_ids[:shared] == first.completion_ids[:shared] and b.turn_spans[:k] == first.turn_spans[:k]
+            assert b.loss_mask[:shared] == [0] * shared and b.logprobs[:shared] == [0.0] * shared and b.versions[:shared] == [-1] * shared
+            own = b.turn_spans[k:]
+            assert own and own[0][0] == shared and all(b.loss_mask[s:e] == [1] * (e - s) for s, e in own)
+            assert b.metrics["turns"] == len(b.turn_spans) >= k + 1 and b.metrics["tool_calls"] >= first.metrics["tool_calls"]
+            assert b.text == tiny_tokenizer.decode(b.completion_ids, skip_special_tokens=True)
+        own_scores = asyncio.run(wf.rubric.score_many((t.text, TASK, {"turns": []}) for t in (first, *branches)))
+        assert [t.reward for t in (first, *branches)] == [r.total for r in own_scores]  # each scored on its own text
+        batch = TokenBatch.from_trajectories([first, *branches], [0, 0, 0])
+        assert batch.loss_mask_BC.sum().item() == sum(sum(t.loss_mask) for t in (first, *branches))
+    assert len(asyncio.run(base.run(TASK, ScriptedEngine(tiny_tokenizer, random.Random(seed), "ev", fmt_name), 2)).trajectories) == 2
+
+
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**31), fmt_name=st.sampled_from(["search_r1", "dr_tulu", "hermes"]), think=st.booleans())
 def test_random_stepwise_episodes_train_on_exactly_what_the_engine_was_given(think_tokenizer, tiny_tokenizer, seed, fmt_name, think):

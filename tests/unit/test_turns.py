@@ -249,6 +249,10 @@ def test_defaults_are_the_old_estimator_bit_for_bit():
     (["algo.turn_advantage=true", "algo.name=ppo"], "algo.turn_advantage=true acts on a group baseline's advantage"),
     (["algo.turn_gamma=0.9", "algo.name=reinforce_pp"], "algo.turn_gamma=0.9 acts on a group baseline's advantage"),
     (["rollout.trajectory=sideways"], "rollout.trajectory"),
+    (["rollout.answer_branches=4"], "rollout.answer_branches=4 samples the last turn of a tool episode again"),
+    (["rollout.answer_branches=2", "rollout.trajectory=stepwise", "tools.format=search_r1", "tools.retriever=http://127.0.0.1:1/retrieve"],
+     "it needs tools.format set and rollout.trajectory=prefix; set rollout.answer_branches=1"),
+    (["rollout.answer_branches=0"], "rollout.answer_branches"),
 ])
 def test_config_refuses_what_the_layouts_cannot_do(overrides, message):
     from seekrl.config import load_config
@@ -267,6 +271,8 @@ def test_config_accepts_the_layouts():
                                  "rollout.mode=async"])
         assert cfg.rollout.trajectory == "stepwise" and cfg.algo.turn_advantage
     assert load_config(None, []).rollout.trajectory == "prefix"
+    branched = load_config(None, ["rollout.answer_branches=4", "tools.format=search_r1", "tools.retriever=http://127.0.0.1:1/retrieve"])
+    assert branched.rollout.answer_branches == 4 and load_config(None, []).rollout.answer_branches == 1
 
 
 def test_turn_advantage_without_a_per_turn_reward_fails_before_the_model_loads(tmp_path, monkeypatch):
