@@ -110,7 +110,6 @@ def build_workflow(cfg: Config, tokenizer, rubric: Rubric) -> Workflow:
     )
 
 
-
 def rollout_workflow(workflow: Workflow, answer_branches: int) -> Workflow:
     """The training rollout's workflow: `workflow` itself, or with rollout.answer_branches > 1 the
     tool agent that samples each episode's last turn that many times (evaluation keeps `workflow`)."""

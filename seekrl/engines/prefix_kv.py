@@ -90,8 +90,8 @@ class PrefixKV:
 
     def take(self, prompt: list[int], requests: int = 1, prefill=None) -> PrefixEntry | None:
         """The entry of the longest stored key that is a proper prefix of `prompt`, for `requests`
-        requests with that prompt (their uses are spent; an entry with none left is removed), or
-        None. `prefill(ids)`, when given, returns the keys and values of `ids`: a prompt that finds
+        requests with that prompt (their uses are spent; an entry with none left is removed), else
+        the first tokens of a stored key that extends `prompt` (`_extending`), or None. `prefill(ids)`, when given, returns the keys and values of `ids`: a prompt that finds
         nothing but shares its start with the previous prompt that did not (`shared_start`) pins
         that start and takes it."""
         entry = self._longest(prompt, requests)
