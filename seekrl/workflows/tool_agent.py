@@ -127,6 +127,11 @@ class _Fork:
                      None if self.messages is None else list(self.messages), list(self.turn_prompt))
 
 
+def _check_branches(k: int, trajectory: str) -> None:
+    if k < 1 or (k > 1 and trajectory != "prefix"):
+        raise ValueError(f"answer_branches must be >= 1, and 1 unless trajectory='prefix' (got {k}, {trajectory!r})")
+
+
 def encode_chat_with_tools(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
     """`encode_chat` with the tools' schemas given to the chat template (`tools=`)."""
     return encode_chat(tokenizer, messages, tools=tools)
@@ -153,8 +158,7 @@ class ToolAgentWorkflow:
             raise ValueError("max_turns must be >= 0, max_obs_tokens and max_total_tokens >= 1")
         if trajectory not in ("prefix", "stepwise"):
             raise ValueError(f"trajectory must be 'prefix' or 'stepwise', got {trajectory!r}")
-        if answer_branches < 1 or (answer_branches > 1 and trajectory != "prefix"):
-            raise ValueError(f"answer_branches must be >= 1, and 1 unless trajectory='prefix' (got {answer_branches}, {trajectory!r})")
+        _check_branches(answer_branches, trajectory)
         if trajectory == "stepwise" and not mask_observations:
             raise ValueError("the stepwise layout puts observations in the next turn's prompt: they cannot be trained on (mask_observations=False)")
         self.tokenizer = tokenizer
@@ -195,8 +199,7 @@ class ToolAgentWorkflow:
     def with_answer_branches(self, k: int) -> ToolAgentWorkflow:
         """This workflow (same tools, rubric, format) sampling `k` versions of each episode's last
         turn; the run's training rollout uses it, its evaluation the workflow itself."""
-        if k != 1 and self.trajectory != "prefix":
-            raise ValueError("answer branches need trajectory='prefix'")
+        _check_branches(k, self.trajectory)
         out = copy.copy(self)
         out.answer_branches = k
         return out
@@ -282,7 +285,7 @@ class ToolAgentWorkflow:
             fork = fork.copy()
         last: _Fork | None = None
         traj, turns, state, calls, m = fork.traj, fork.turns, fork.state, fork.calls, fork.m
-        messages, turn_prompt = fork.messages, fork.turn_prompt  # stepwise: the conversation so far, re-rendered for each turn
+        messages = fork.messages  # stepwise: the conversation so far, re-rendered for each turn (fork.turn_prompt its rendering)
         finish = None
         while finish is None:
             remaining = self.max_total_tokens - len(traj.completion_ids)
@@ -294,9 +297,9 @@ class ToolAgentWorkflow:
                 params, stop=fmt.answer_stop if final else fmt.stop, max_new_tokens=min(params.max_new_tokens, remaining),
                 seed=turn_seed(params.seed, m["turns"]),
             )
-            context = turn_prompt if messages is not None else prompt_ids + traj.completion_ids
+            context = fork.turn_prompt if messages is not None else prompt_ids + traj.completion_ids
             if keep_fork:
-                last = dataclasses.replace(fork, messages=messages, turn_prompt=turn_prompt).copy()
+                last = fork.copy()
             try:
                 c = await engine.generate(context, p)
             except EngineRequestError:  # this request failed on the engine's side: not the policy's doing
@@ -356,7 +359,7 @@ class ToolAgentWorkflow:
                 m["unmasked_inserted_tokens"] += len(obs)
             if messages is not None:  # stepwise: the next prompt is the template's rendering of the conversation
                 messages += [{"role": "assistant", "content": text}, *said]
-                turn_prompt = encode_chat_with_tools(tok, messages, self.tools)
+                fork.turn_prompt = encode_chat_with_tools(tok, messages, self.tools)
         m["tool_calls"] = sum(calls.values())
         if stepwise:
             m["prefix_breaks"] = sum(p is not None for p in traj.turn_prompts)
