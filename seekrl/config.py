@@ -218,7 +218,8 @@ def _check_between(cfg: Config) -> None:
         raise ConfigError("engine.api=vllm returns log-probs after top-p / top-k filtering, which the trainer cannot "
                           "reproduce; set rollout.top_p=1 and rollout.top_k=0 (or use engine.api=sglang)")
     if e.kind == "remote" and e.api == "vllm":
-        for key, temperature in (("rollout.temperature", r.temperature), ("eval.temperature", cfg.eval.temperature)):
+        for key, temperature in (("rollout.temperature", r.temperature), ("eval.temperature", cfg.eval.temperature),
+                                 ("rollout.branch_temperature", r.branch_temperature or 0.0)):
             if temperature > VLLM_MAX_TEMPERATURE:
                 raise ConfigError(f"{key}={temperature:g}: vLLM refuses temperatures above {VLLM_MAX_TEMPERATURE:g}; "
                                   f"lower it to at most {VLLM_MAX_TEMPERATURE:g} (or use engine.api=sglang)")
@@ -231,6 +232,9 @@ def _check_between(cfg: Config) -> None:
     if r.answer_branches > 1 and (tl.format is None or r.trajectory != "prefix"):
         raise ConfigError(f"rollout.answer_branches={r.answer_branches} samples the last turn of a tool episode again from its history: "
                           "it needs tools.format set and rollout.trajectory=prefix; set rollout.answer_branches=1")
+    if r.branch_temperature is not None and (r.answer_branches < 2 or not r.branch_temperature > 0):
+        raise ConfigError(f"rollout.branch_temperature={r.branch_temperature:g} is the temperature of answer branches: it needs "
+                          "rollout.answer_branches > 1 and a value > 0; set both, or rollout.branch_temperature=null")
     for key, on in (("algo.turn_advantage=true", a.turn_advantage), (f"algo.turn_gamma={a.turn_gamma:g}", a.turn_gamma != 1)):
         if on and a.name not in GROUP_ALGOS:
             raise ConfigError(f"{key} acts on a group baseline's advantage, which algo.name={a.name} has not; use grpo, dr_grpo or rloo, or drop it")

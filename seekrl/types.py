@@ -85,6 +85,7 @@ class Trajectory:
     turn_spans: list[list[int]] = field(default_factory=list)  # [start, end) of each engine call's sampled tokens in completion_ids
     turn_prompts: list[list[int] | None] | None = None  # stepwise layout: each turn's prompt ids where they are not prompt_ids + completion_ids[:start] (None there); None: prefix layout
     turn_rewards: list[float] | None = None  # one reward per turn, when a reward function gives them (Rubric)
+    temperature: float | None = None  # sampled at this temperature, not the run's (rollout.branch_temperature); the trainer scores it there
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

@@ -5,6 +5,9 @@
     logp[n] = log_softmax(z[n])[targets[n]]      ent[n] = H(softmax(z[n]))
     z[n]    = (hidden[n] @ weight.T + bias) / temperature           (float32)
 
+(`temperature` one float, or one per row: a `(N,)` tensor, for rows sampled at different
+temperatures, rollout.branch_temperature.)
+
 as the plain `head(hidden).float() / T` → gather / logsumexp → entropy would, but it projects
 `chunk` rows at a time and keeps only `hidden` and one float per row (the logsumexp) for the
 backward, which recomputes each chunk's logits (unless all of them fit in `KEEP_BYTES`: then the
@@ -42,9 +45,14 @@ def auto_chunk(vocab: int) -> int:
     return max(16, CHUNK_BYTES // (4 * max(1, vocab)))
 
 
-def _chunk_logits(h_nH, weight_VH, bias_V, inv_t: float) -> torch.Tensor:
+def _rows(inv_t: float | torch.Tensor, s: int, chunk: int) -> float | torch.Tensor:
+    """The inverse temperature of rows s .. s + chunk: the float, or their column `(n, 1)`."""
+    return inv_t[s : s + chunk, None] if isinstance(inv_t, torch.Tensor) else inv_t
+
+
+def _chunk_logits(h_nH, weight_VH, bias_V, inv_t: float | torch.Tensor) -> torch.Tensor:
     z = torch.nn.functional.linear(h_nH, weight_VH, bias_V).float()
-    return z * inv_t if inv_t != 1.0 else z
+    return z * inv_t if isinstance(inv_t, torch.Tensor) or inv_t != 1.0 else z
 
 
 class _HeadLogprobEntropy(torch.autograd.Function):
@@ -58,7 +66,7 @@ class _HeadLogprobEntropy(torch.autograd.Function):
         keep = any(ctx.needs_input_grad[:3]) and not masked and N * weight_VH.shape[0] * 4 <= KEEP_BYTES
         ctx.kept = [] if keep else None
         for s in range(0, N, chunk):
-            z = _chunk_logits(hidden_NH[s : s + chunk], weight_VH, bias_V, inv_t)
+            z = _chunk_logits(hidden_NH[s : s + chunk], weight_VH, bias_V, _rows(inv_t, s, chunk))
             if keep:  # small enough: the backward reuses them (and overwrites them) instead of a matmul
                 ctx.kept.append(z)
             lse_n = torch.logsumexp(z, dim=-1)
@@ -89,7 +97,8 @@ class _HeadLogprobEntropy(torch.autograd.Function):
         kept, ctx.kept = ctx.kept, None  # overwritten below: a second backward (retain_graph) recomputes
         for i, s in enumerate(range(0, hidden_NH.shape[0], ctx.chunk)):
             h = hidden_NH[s : s + ctx.chunk]
-            z = kept[i] if kept else _chunk_logits(h, weight_VH, bias_V, ctx.inv_t)
+            inv_t = _rows(ctx.inv_t, s, ctx.chunk)
+            z = kept[i] if kept else _chunk_logits(h, weight_VH, bias_V, inv_t)
             p = torch.exp(z - lse[s : s + ctx.chunk, None])
             # dz = -p * (g_logp + g_ent * (z - E_p[z])), plus g_logp at the target: in place on z
             if g_ent is not None:
@@ -105,8 +114,8 @@ class _HeadLogprobEntropy(torch.autograd.Function):
             gz.mul_(p).neg_()
             if g_logp is not None:
                 gz.scatter_add_(-1, targets_N[s : s + ctx.chunk, None], gl[:, None])
-            if ctx.inv_t != 1.0:
-                gz.mul_(ctx.inv_t)
+            if isinstance(inv_t, torch.Tensor) or inv_t != 1.0:
+                gz.mul_(inv_t)
             gz = gz.to(hidden_NH.dtype)
             if need_h:
                 g_h[s : s + ctx.chunk] = gz @ weight_VH
@@ -120,14 +129,19 @@ class _HeadLogprobEntropy(torch.autograd.Function):
 
 
 def head_logprob_entropy(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None,
-                         targets_N: torch.Tensor, temperature: float = 1.0, *, entropy: bool = True,
+                         targets_N: torch.Tensor, temperature: float | torch.Tensor = 1.0, *, entropy: bool = True,
                          chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logp_N, ent_N or None), float32, differentiable in `hidden_NH`, `weight_VH` and `bias_V`
-    (module docstring). `temperature` <= 0 means 1 (greedy sampling scores the plain softmax)."""
-    t = temperature if temperature > 0 else 1.0
+    (module docstring). `temperature` <= 0 means 1 (greedy sampling scores the plain softmax);
+    a `(N,)` tensor gives each row its own."""
+    if isinstance(temperature, torch.Tensor):
+        t = temperature.float().to(hidden_NH.device)
+        inv_t = 1.0 / torch.where(t > 0, t, torch.ones_like(t))
+    else:
+        inv_t = 1.0 / (temperature if temperature > 0 else 1.0)
     chunk = chunk or auto_chunk(weight_VH.shape[0])
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     if bias_V is None:  # autograd.Function inputs must be tensors to get a gradient; a zero bias has none
         bias_V = weight_VH.new_zeros(weight_VH.shape[0])
-    return _HeadLogprobEntropy.apply(hidden_NH, weight_VH, bias_V, targets_N, 1.0 / t, int(chunk), entropy)
+    return _HeadLogprobEntropy.apply(hidden_NH, weight_VH, bias_V, targets_N, inv_t, int(chunk), entropy)

@@ -49,6 +49,8 @@ class RolloutConfig:
     """How a multi-turn episode trains: prefix (one sequence; each turn's prompt is the previous prompt + the tokens since, never re-rendered) | stepwise (one sample per turn: the prompt exactly as the chat template rendered it for that turn, the turn's sampled tokens; for templates that rewrite earlier turns, e.g. thinking models that drop <think>). Episodes, not turns, form the group baseline."""
     answer_branches: Annotated[int, Range(ge=1)] = 1
     """Training rollout with tools.format (prefix layout): each episode that ends by its last turn's decision is sampled this many times from its state before that last engine call; the branches train only what they sampled, join the task's group, and share the history's KV cache (workflows/tool_agent.py). 1: off. Evaluation never branches."""
+    branch_temperature: float | None = None
+    """With rollout.answer_branches > 1: the temperature the branches sample at (the trainer scores each branch's tokens at it, the episodes' at rollout.temperature); none = rollout.temperature. Higher makes the answers read from one history differ more."""
     mode: Literal["sync", "async"] = "sync"
     """sync (roll out a batch, then train on it) | async (episodes keep running on the engine while the trainer steps; AReaL)."""
     max_staleness: Annotated[int, Range(ge=0, text=">= 0 (0 trains only on tokens of the current policy)")] = 2

@@ -60,6 +60,7 @@ class TokenBatch:
     turn_BC: torch.Tensor | None = None  # long: the episode's turn each completion token belongs to (Trajectory.turn_index)
     turns_B: torch.Tensor | None = None  # long: the number of turns of the row's episode
     turn_rewards: list[list[float] | None] | None = None  # per row: its episode's per-turn rewards (None: the rubric gave none)
+    temperature_B: torch.Tensor | None = None  # float32: the temperature a row was sampled at when its own (NaN: the run's); None: every row at the run's
     old_logp_BC: torch.Tensor | None = None
     prox_alpha_BC: torch.Tensor | None = None
     ref_logp_BC: torch.Tensor | None = None
@@ -97,6 +98,8 @@ class TokenBatch:
             turn_BC=pad_completion(turn_of, C, torch.long),
             turns_B=torch.tensor([trajs[e].num_turns for e in episodes], dtype=torch.long),
             turn_rewards=[trajs[e].turn_rewards for e in episodes],
+            temperature_B=(torch.tensor([float("nan") if t.temperature is None else t.temperature for t in rows], dtype=torch.float32)
+                           if any(t.temperature is not None for t in rows) else None),
         )
 
     @classmethod
@@ -153,6 +156,7 @@ class TokenBatch:
             turn_BC=None if self.turn_BC is None else self.turn_BC[rows, :C],
             turns_B=None if self.turns_B is None else self.turns_B[rows],
             turn_rewards=None if self.turn_rewards is None else [self.turn_rewards[i] for i in rows],
+            temperature_B=None if self.temperature_B is None else self.temperature_B[rows],
         )
 
     def rows(self, x_BC: torch.Tensor, rows: list[int], width: int, device) -> torch.Tensor:

@@ -16,8 +16,20 @@ the expanded cache into the one prompt pass. With G = 8 and prompts as long as t
 this halves the tokens of the forward and backward. The result equals the full pass to float
 rounding (tested); it is off under gradient checkpointing, where transformers drops the cache.
 
+Lifted prefixes. A row whose completion starts with untrained tokens (loss mask 0) that another
+row of the micro-batch starts with too (the branches of an episode, rollout.answer_branches: the
+episode's history, copied into each branch and masked there) runs that shared history as part of
+its prefix (`lifted_prefixes`): the branches' history runs once, in the prefix pass, instead of
+once per branch, and their completion part is only what each branch sampled. Nothing trains or
+reads the log-probs of those tokens, so the scoring functions give 0 there (`token_mask_BC` is 0
+at the lifted columns); every other column equals the full pass to float rounding (tested).
+
 Packed. With `pack`, the decoder runs on the varlen-packed form of either layout when that
 saves rows (train/packing.py).
+
+Temperatures. Log-probs are taken at the sampling temperature; rows sampled at their own
+(rollout.branch_temperature: `TokenBatch.temperature_B`, carried as `MicroBatch.temperature_B`)
+are scored at theirs, every other row at the scorer's (`row_temperatures`).
 
 Scoring. `completion_logprobs` gives the log-probs (and entropies) of the completion tokens at
 `where_BC`; `trained_hidden` gives the hidden states and targets there, for heads of other
@@ -41,7 +53,7 @@ from seekrl.train.batch import TokenBatch
 from seekrl.train.compute import trainer_autocast
 from seekrl.train.packing import PackedFull, PackedPrefix, pack_full, pack_prefix, packed_hidden, saves_rows
 
-__all__ = ["MicroBatch", "make_micro_batch", "completion_hidden", "trained_hidden", "completion_logits", "completion_logprobs",
+__all__ = ["MicroBatch", "make_micro_batch", "lifted_prefixes", "row_temperatures", "completion_hidden", "trained_hidden", "completion_logits", "completion_logprobs",
            "score_logits", "score_logprobs", "token_logprobs", "can_share_prefix", "FORWARD_METHODS"]
 
 
@@ -62,6 +74,12 @@ class MicroBatch:
     row_prompt_B: torch.Tensor | None = None  # which distinct prompt each row continues
     prompt_len_B: torch.Tensor | None = None
     packed: PackedFull | PackedPrefix | None = None  # varlen-packed layout (train/packing.py); replaces the above
+    temperature_B: torch.Tensor | None = None  # rows sampled at their own temperature (NaN: the scorer's); None: none
+    # lifted prefixes (module docstring; None: none): the completion columns each row's prefix took,
+    # and the tokens the prefix layout runs after the prefix (what is left of each completion)
+    lift_B: torch.Tensor | None = None
+    suffix_ids_BS: torch.Tensor | None = None
+    suffix_mask_BS: torch.Tensor | None = None
     dummy: bool = False  # run only to keep the ranks' collectives in step (train/plan.py): loss × 0
 
     @property
@@ -74,15 +92,29 @@ class MicroBatch:
         return int(self.loss_mask_BC.sum().item())
 
 
+def lifted_prefixes(batch: TokenBatch, index: list[int]) -> list[int]:
+    """For each row of `index`, how many leading completion tokens join its prefix (module
+    docstring): its leading untrained tokens (all but the last token of an untrained completion)
+    when another row of `index` has the same prompt and starts with the same ones; else 0."""
+    lead_B = (batch.loss_mask_BC[index].cumsum(1) == 0).sum(1).tolist() if index else []
+    lead = [min(int(n), max(0, len(batch.completion_ids[i]) - 1)) for i, n in zip(index, lead_B)]
+    keys = [tuple(batch.prompt_ids[i]) + tuple(batch.completion_ids[i][:n]) if n else None for i, n in zip(index, lead)]
+    count: dict[tuple, int] = {}
+    for k in keys:
+        if k is not None:
+            count[k] = count.get(k, 0) + 1
+    return [n if k is not None and count[k] > 1 else 0 for n, k in zip(lead, keys)]
+
+
 def make_micro_batch(batch: TokenBatch, index: list[int], pad_id: int, device, share_prefix: bool = False,
                      always_prefix: bool = False, pack: bool = False) -> MicroBatch:
     """The tensors of rows `index`; with `share_prefix`, the shared-prefix layout when some rows
-    share a prompt (`always_prefix`: even when none do, so that every micro-batch runs the decoder
-    twice, as FSDP ranks must all do the same passes: train/plan.py); with `pack`, the decoder runs
-    on the varlen-packed form of that layout (train/packing.py) instead."""
-    prompts = [batch.prompt_ids[i] for i in index]
+    share a prompt or a lifted prefix (`always_prefix`: even when none do, so that every
+    micro-batch runs the decoder twice, as FSDP ranks must all do the same passes: train/plan.py);
+    with `pack`, the decoder runs on the varlen-packed form of that layout (train/packing.py) instead."""
+    full_prompts = [batch.prompt_ids[i] for i in index]
     comps = [batch.completion_ids[i] for i in index]
-    L = max(len(p) + len(c) for p, c in zip(prompts, comps))
+    L = max(len(p) + len(c) for p, c in zip(full_prompts, comps))
     C = max(1, max(len(c) for c in comps))
     B = len(index)
     input_ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -90,7 +122,7 @@ def make_micro_batch(batch: TokenBatch, index: list[int], pad_id: int, device, s
     gather = torch.zeros(B, C, dtype=torch.long)
     targets = torch.zeros(B, C, dtype=torch.long)
     token_mask = torch.zeros(B, C)
-    for b, (p, c) in enumerate(zip(prompts, comps)):
+    for b, (p, c) in enumerate(zip(full_prompts, comps)):
         P, n = len(p), len(c)
         input_ids[b, : P + n] = torch.as_tensor(p + c)
         attn[b, : P + n] = 1
@@ -99,7 +131,11 @@ def make_micro_batch(batch: TokenBatch, index: list[int], pad_id: int, device, s
             targets[b, :n] = torch.as_tensor(c)
             token_mask[b, :n] = 1
     loss_mask = batch.loss_mask_BC[index, :C].clone()
-    prefix: dict = {}
+    own_t = batch.temperature_B[index] if batch.temperature_B is not None else None
+    prefix: dict = {"temperature_B": own_t.to(device)} if own_t is not None and not own_t.isnan().all() else {}
+    lift = lifted_prefixes(batch, index) if share_prefix else [0] * B
+    prompts = [p + c[:f] if f else p for p, c, f in zip(full_prompts, comps, lift)]
+    suffixes = [c[f:] if f else c for c, f in zip(comps, lift)]
     if share_prefix:
         distinct: dict[tuple, int] = {}
         row_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
@@ -110,15 +146,28 @@ def make_micro_batch(batch: TokenBatch, index: list[int], pad_id: int, device, s
             for key, u in distinct.items():  # left-padded: every prompt ends at column P - 1
                 prompt_ids[u, P - len(key) :] = torch.as_tensor(key)
                 prompt_mask[u, P - len(key) :] = 1
-            prefix = dict(
+            prefix.update(
                 prompt_ids_UP=prompt_ids.to(device), prompt_mask_UP=prompt_mask.to(device),
                 row_prompt_B=torch.as_tensor(row_prompt).to(device),
                 prompt_len_B=torch.as_tensor([len(p) for p in prompts]).to(device),
             )
-    lengths = [len(c) for c in comps] if prefix else [len(p) + len(c) for p, c in zip(prompts, comps)]
+            if any(lift):
+                S = max(1, max(len(c) for c in suffixes))
+                suffix_ids = torch.zeros(B, S, dtype=torch.long)
+                suffix_mask = torch.zeros(B, S, dtype=torch.long)
+                for b, c in enumerate(suffixes):
+                    suffix_ids[b, : len(c)] = torch.as_tensor(c, dtype=torch.long)
+                    suffix_mask[b, : len(c)] = 1
+                    token_mask[b, : lift[b]] = 0  # lifted: not scored (module docstring)
+                prefix.update(lift_B=torch.as_tensor(lift).to(device), suffix_ids_BS=suffix_ids.to(device),
+                              suffix_mask_BS=suffix_mask.to(device))
+    shared = "prompt_ids_UP" in prefix
+    if not shared:  # the full pass: nothing lifted
+        prompts, suffixes = full_prompts, comps
+    lengths = [len(c) for c in suffixes] if shared else [len(p) + len(c) for p, c in zip(prompts, comps)]
     if pack and saves_rows(lengths):
-        packed = pack_prefix(prompts, comps, pad_id) if prefix else pack_full(prompts, comps, pad_id)
-        prefix = {"packed": packed.to(device)}
+        packed = pack_prefix(prompts, suffixes, pad_id) if shared else pack_full(prompts, comps, pad_id)
+        prefix = {"packed": packed.to(device), **{k: prefix[k] for k in ("lift_B", "temperature_B") if k in prefix}}
     return MicroBatch(
         **prefix,
         index=list(index),
@@ -142,7 +191,21 @@ def completion_hidden(model, mb: MicroBatch) -> torch.Tensor:
     under `train.mixed_precision=bf16` the decoder runs in bf16 and the head in float32)."""
     with trainer_autocast(model):
         hidden_BCH = _completion_hidden(_decoder(model), mb)
+        if mb.lift_B is not None:
+            hidden_BCH = _unlift(hidden_BCH, mb.lift_B, mb.width)
     return hidden_BCH.float()
+
+
+def _unlift(hidden_BSH: torch.Tensor, lift_B: torch.Tensor, C: int) -> torch.Tensor:
+    """Hidden states of what is left of each completion after its lifted prefix `(B, S, H)` -> the
+    completion layout `(B, C, H)`: column s of row b goes to column lift_b + s; the lifted columns
+    are zero (never scored: module docstring)."""
+    B, S, H = hidden_BSH.shape
+    col_BS = lift_B[:, None] + torch.arange(S, device=hidden_BSH.device)[None]
+    keep_BS = col_BS < C
+    rows_BS = torch.arange(B, device=hidden_BSH.device)[:, None].expand(B, S)
+    out_BCH = hidden_BSH.new_zeros(B, C, H)
+    return out_BCH.index_put((rows_BS[keep_BS], col_BS[keep_BS]), hidden_BSH[keep_BS])
 
 
 def _completion_hidden(decoder, mb: MicroBatch) -> torch.Tensor:
@@ -169,12 +232,11 @@ def _shared_prefix_hidden(decoder, mb: MicroBatch) -> torch.Tensor:
     last_UH = out.last_hidden_state[:, -1]  # predicts completion token 0
     cache = out.past_key_values
     cache.reorder_cache(mb.row_prompt_B)  # index_select: differentiable, gradients sum per prompt
-    C = mb.target_ids_BC.shape[1]
-    pos_BC = mb.prompt_len_B[:, None] + torch.arange(C, device=mb.target_ids_BC.device)[None]
-    mask_BL = torch.cat([mb.prompt_mask_UP[mb.row_prompt_B], mb.token_mask_BC.long()], dim=1)
-    out = decoder(
-        input_ids=mb.target_ids_BC, attention_mask=mask_BL, position_ids=pos_BC, past_key_values=cache, use_cache=True
-    )
+    ids_BC = mb.suffix_ids_BS if mb.suffix_ids_BS is not None else mb.target_ids_BC
+    mask_BC = mb.suffix_mask_BS if mb.suffix_mask_BS is not None else mb.token_mask_BC.long()
+    pos_BC = mb.prompt_len_B[:, None] + torch.arange(ids_BC.shape[1], device=ids_BC.device)[None]
+    mask_BL = torch.cat([mb.prompt_mask_UP[mb.row_prompt_B], mask_BC], dim=1)
+    out = decoder(input_ids=ids_BC, attention_mask=mask_BL, position_ids=pos_BC, past_key_values=cache, use_cache=True)
     return torch.cat([last_UH[mb.row_prompt_B].unsqueeze(1), out.last_hidden_state[:, :-1]], dim=1)
 
 
@@ -195,11 +257,23 @@ def trained_hidden(model, mb: MicroBatch, where_BC: torch.Tensor | None = None) 
     return hidden_BCH[where_BC], mb.target_ids_BC[where_BC], where_BC
 
 
+def row_temperatures(mb: MicroBatch, temperature: float) -> torch.Tensor | None:
+    """Each row's scoring temperature `(B,)` when some row of `mb` was sampled at its own
+    (`MicroBatch.temperature_B`; the others at `temperature`), <= 0 read as 1; None when none was."""
+    if mb.temperature_B is None:
+        return None
+    t_B = torch.where(mb.temperature_B.isnan(), torch.full_like(mb.temperature_B, temperature), mb.temperature_B)
+    return torch.where(t_B > 0, t_B, torch.ones_like(t_B)).float()
+
+
 def score_logits(model, mb: MicroBatch, temperature: float) -> torch.Tensor:
     """Temperature-scaled logits `(B, C, V)` (float32) for the completion tokens only (no FSDP dispatch)."""
     hidden_BCH = completion_hidden(model, mb)
     head = unwrap_peft(model).get_output_embeddings()
     logits_BCV = head(hidden_BCH).float()
+    t_B = row_temperatures(mb, temperature)
+    if t_B is not None:
+        return logits_BCV / t_B[:, None, None]
     t = temperature if temperature > 0 else 1.0
     return logits_BCV / t if t != 1.0 else logits_BCV
 
@@ -210,12 +284,13 @@ def score_logprobs(model, mb: MicroBatch, temperature: float, *, entropy: bool =
     head = unwrap_peft(model).get_output_embeddings()
     hidden_NH, target_N, where_BC = trained_hidden(model, mb, where_BC)
     vocab = head.weight.shape[0] if hasattr(head, "weight") else 0
+    t_B = row_temperatures(mb, temperature)
+    t = t_B[:, None].expand(where_BC.shape)[where_BC] if t_B is not None else (temperature if temperature > 0 else 1.0)
     if isinstance(head, torch.nn.Linear) and worth_chunking(len(target_N), vocab):
-        logp_N, ent_N = head_logprob_entropy(hidden_NH, head.weight, head.bias, target_N, temperature, entropy=entropy)
+        logp_N, ent_N = head_logprob_entropy(hidden_NH, head.weight, head.bias, target_N, t, entropy=entropy)
     else:  # small logits (or a wrapped head): whole, as plain autograd computes them
-        t = temperature if temperature > 0 else 1.0
         z_NV = head(hidden_NH).float()
-        z_NV = z_NV / t if t != 1.0 else z_NV
+        z_NV = z_NV / t[:, None] if t_B is not None else (z_NV / t if t != 1.0 else z_NV)
         logp_N = token_logprobs(z_NV, target_N)
         ent_N = entropy_from_logits(z_NV) if entropy else None
     zeros_BC = torch.zeros(where_BC.shape, dtype=torch.float32, device=hidden_NH.device)

@@ -9,8 +9,9 @@ micro-batches from a plan, so the budget, packing and sharding rules live here o
 
 - **Budget.** Rows are grouped so that each micro-batch's padded size stays within
   `token_budget` (`plan_micro_batches`: sorted by length, so short and long sequences do not pad
-  each other); with `share_prefix`, rows of the same prompt stay together and the cost counts
-  each distinct prompt once (`plan_prefix_micro_batches`).
+  each other); with `share_prefix`, rows of the same prompt (or of the same lifted prefix: the
+  branches of an episode) stay together and the cost counts each distinct prefix once
+  (`plan_prefix_micro_batches`).
 - **Layouts.** Each micro-batch is built by `batching.make_micro_batch`: right-padded, the
   shared-prefix layout (each distinct prompt run once, its KV cache expanded to its rows), or
   varlen-packed (`pack`, when that saves rows; train/packing.py).
@@ -37,7 +38,7 @@ import torch
 
 from seekrl.parallel.ranks import Ranks
 from seekrl.train.batch import TokenBatch
-from seekrl.train.batching import MicroBatch, make_micro_batch
+from seekrl.train.batching import MicroBatch, lifted_prefixes, make_micro_batch
 
 __all__ = ["MicroBatchPlan", "plan_micro_batches", "plan_prefix_micro_batches", "shard_rows"]
 
@@ -66,23 +67,27 @@ def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]
 def plan_prefix_micro_batches(batch: TokenBatch, index: list[int], token_budget: int) -> list[list[int]]:
     """Like `plan_micro_batches`, keeping rows with the same prompt together.
 
-    Cost of a micro-batch: distinct prompts × longest prompt + rows × longest completion, the
-    tokens the shared-prefix forward processes. Returns groups of positions into `index`.
+    Cost of a micro-batch: distinct prefixes × longest prefix + rows × longest rest of a
+    completion, the tokens the shared-prefix forward processes. A row's prefix is its prompt and
+    its lifted completion tokens (`batching.lifted_prefixes`: the history the branches of an
+    episode share), so such rows stay together too. Returns groups of positions into `index`.
     """
-    keys = {i: tuple(batch.prompt_ids[i]) for i in index}
-    order = sorted(range(len(index)), key=lambda k: (len(keys[index[k]]), keys[index[k]], len(batch.completion_ids[index[k]])))
+    lift = lifted_prefixes(batch, index)
+    keys = [tuple(batch.prompt_ids[i]) + tuple(batch.completion_ids[i][:f]) for i, f in zip(index, lift)]
+    rest = [len(batch.completion_ids[i]) - f for i, f in zip(index, lift)]
+    order = sorted(range(len(index)), key=lambda k: (len(keys[k]), keys[k], rest[k]))
     groups: list[list[int]] = []
     current: list[int] = []
     prompts: set = set()
     lp = lc = 0
     for k in order:
-        key = keys[index[k]]
+        key = keys[k]
         n_p = len(prompts | {key})
-        new_lp, new_lc = max(lp, len(key)), max(lc, len(batch.completion_ids[index[k]]))
+        new_lp, new_lc = max(lp, len(key)), max(lc, rest[k])
         if current and n_p * new_lp + (len(current) + 1) * new_lc > token_budget:
             groups.append(current)
             current, prompts = [], set()
-            new_lp, new_lc = len(key), len(batch.completion_ids[index[k]])
+            new_lp, new_lc = len(key), rest[k]
         current.append(k)
         prompts.add(key)
         lp, lc = new_lp, new_lc

@@ -67,7 +67,8 @@ branch goes on with the usual loop, so it usually answers in one call but may se
 branch trains only what it sampled after that point (the shared history is masked: logprob 0.0,
 version -1); its reward is its own; it joins the task's group, so the baseline is taken over all
 episodes and branches. The shared history trains once, in the first episode, with that
-episode's advantage. The history's keys and values are reused for the branches
+episode's advantage. With a branch temperature (rollout.branch_temperature) the branches sample
+at it and carry it (`Trajectory.temperature`), and the trainer scores their tokens there. The history's keys and values are reused for the branches
 (engines/prefix_kv.py serves a prompt from a stored key that extends it). Each row carries
 `metrics["answer_branch"]` (1 for a branch): `rollout/answer_branch` is the share of branch rows,
 and the other `rollout/*` means are over rows, branches included. Tree-GRPO and ARPO branch
@@ -181,6 +182,7 @@ class ToolAgentWorkflow:
         self._prompts = ChatPrompts(tokenizer, self.tools)
         self.trajectory = trajectory
         self.answer_branches = answer_branches
+        self.branch_temperature: float | None = None  # with_answer_branches: the branches' own temperature
         renders_turns = hasattr(fmt, "history_rewrite")  # hermes: observations rendered by the chat template
         self.rerender = trajectory == "stepwise" and renders_turns
         if trajectory == "prefix" and renders_turns:
@@ -196,12 +198,15 @@ class ToolAgentWorkflow:
         """The tools' run-level counters (`tools/<name>/<counter>`), in every step's metrics."""
         return self.executor.metrics()
 
-    def with_answer_branches(self, k: int) -> ToolAgentWorkflow:
+    def with_answer_branches(self, k: int, temperature: float | None = None) -> ToolAgentWorkflow:
         """This workflow (same tools, rubric, format) sampling `k` versions of each episode's last
-        turn; the run's training rollout uses it, its evaluation the workflow itself."""
+        turn, the branches at `temperature` (None: the episode's); the run's training rollout uses
+        it, its evaluation the workflow itself."""
         _check_branches(k, self.trajectory)
+        if temperature is not None and not temperature > 0:
+            raise ValueError(f"a branch temperature must be > 0 (got {temperature})")
         out = copy.copy(self)
-        out.answer_branches = k
+        out.answer_branches, out.branch_temperature = k, temperature
         return out
 
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
@@ -237,9 +242,12 @@ class ToolAgentWorkflow:
         if self.answer_branches < 2 or last is None or traj.status != "ok" or traj.finish_reason not in ("answered", "max_turns"):
             return out
         seeds = [None if params.seed is None else stable_seed(params.seed, "branch", j) for j in range(1, self.answer_branches)]
-        more = await asyncio.gather(*(self._episode(task, engine, prompt_ids, dataclasses.replace(params, seed=s), last) for s in seeds))
+        t = self.branch_temperature
+        branch = [dataclasses.replace(params, seed=s, **({} if t is None else {"temperature": t})) for s in seeds]
+        more = await asyncio.gather(*(self._episode(task, engine, prompt_ids, p, last) for p in branch))
         shared = len(last.traj.completion_ids)
         for b, b_turns, _ in more:
+            b.temperature = t  # scored at it by the trainer (None: the run's temperature)
             b.loss_mask[:shared] = [0] * shared  # the shared part trains once, in the first episode
             b.logprobs[:shared] = [0.0] * shared
             b.versions[:shared] = [-1] * shared

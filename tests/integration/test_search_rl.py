@@ -186,3 +186,41 @@ def test_answer_branches_train_each_episodes_last_turn_sampled_again(tmp_path):
     samples = [json.loads(line) for line in (comp.run_dir / "trajectories" / "step_1.jsonl").read_text().splitlines()]
     assert any("<search>" in seg["text"] and seg["masked"] for s in samples for seg in s["segments"])
     assert any("<search>" in seg["text"] and not seg["masked"] for s in samples for seg in s["segments"])
+
+
+def test_answer_branches_at_their_own_temperature_are_scored_at_it(tmp_path):
+    """rollout.branch_temperature: the branches sample at it, carry it (Trajectory.temperature), and
+    the trainer's log-probs of every sampled token, episodes' and branches', equal the engine's;
+    scored at the run's temperature instead, the branches' would not."""
+    from seekrl.rollout.config import sampling_params
+    from seekrl.train.batch import TokenBatch
+
+    data, codes = _world(tmp_path)
+    cfg = load_config(None, [
+        "model.path=tiny", "model.tiny_hidden=64", "model.max_context=320", f"data.train={data}",
+        "rollout.group_size=4", "rollout.batch_size=8", "rollout.max_new_tokens=16", "rollout.max_prompt_tokens=96",
+        "rollout.max_turns=2", "rollout.max_total_tokens=160", "rollout.max_obs_tokens=96", "rollout.answer_branches=3",
+        "rollout.branch_temperature=1.6", "rollout.reuse_kv_tokens=20000", "rollout.temperature=0.8", "tools.format=search_r1",
+        f"tools.retriever={tmp_path / 'index'}", "tools.topk=1", "reward.functions=[qa_em]", "algo.name=grpo", "train.steps=1",
+        f"log.dir={tmp_path}", "log.name=hot", "log.progress=false", "log.tensorboard=false",
+    ])
+    comp = build_rl(cfg)
+    try:
+        _warm_start(comp, codes, steps=150)
+        params = sampling_params(cfg.rollout, seed=5)
+        groups = [asyncio.run(comp.rollout.workflow.run(task, comp.engine, 4, params)) for task in comp.tasks.train[:4]]
+        trajs = [t for g in groups for t in g.trajectories if t.status == "ok"]
+        branch = [t.metrics.get("answer_branch") == 1.0 for t in trajs]
+        assert sum(branch) >= 4 and all((t.temperature == 1.6) == b for t, b in zip(trajs, branch))
+        batch = TokenBatch.from_trajectories(trajs)
+        scored = comp.trainer.logprobs(batch)
+        batch.temperature_B = None  # every row at rollout.temperature
+        flat = comp.trainer.logprobs(batch)
+    finally:
+        comp.close()
+    for i, (t, b) in enumerate(zip(trajs, branch)):
+        sampled = torch.tensor(t.loss_mask[: len(t.completion_ids)], dtype=torch.bool)
+        engine = torch.tensor(t.logprobs)[sampled]
+        assert (scored[i, : len(t.completion_ids)][sampled] - engine).abs().max() < 1e-4
+        if b:
+            assert (flat[i, : len(t.completion_ids)][sampled] - engine).abs().max() > 1e-2

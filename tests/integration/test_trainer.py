@@ -246,3 +246,98 @@ def test_first_fit_packing_respects_capacity():
     from seekrl.train.packing import saves_rows
 
     assert saves_rows(lengths) and not saves_rows([9, 9, 8, 9]) and not saves_rows([5])
+
+
+def _branched_trajs(vocab, seed=11):
+    """Three episodes of one task (sampled / inserted / sampled history, then an answer), and three
+    branches of each of the first two: the episode's whole history copied in and masked (as
+    rollout.answer_branches writes it), then an answer of its own."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(n):
+        return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+    prompt, trajs = ids(6), []
+    for e in range(3):
+        history = [(True, ids(4 + e)), (False, ids(9)), (True, ids(3))]
+        ep = Trajectory(Task(id="t", prompt=[], answer=""), prompt, [], [], [], [])
+        for sampled, seg in history:
+            ep.append(seg, sampled=sampled, logprobs=[-1.0] * len(seg) if sampled else None, version=0)
+        shared = list(ep.completion_ids)
+        ep.append(ids(2 + e), sampled=True, logprobs=[-1.0] * (2 + e), version=0)
+        trajs.append(ep)
+        for j in range(3 if e < 2 else 0):
+            br = Trajectory(Task(id="t", prompt=[], answer=""), prompt, [], [], [], [])
+            br.append(shared, sampled=False)
+            n = 1 + (j + e) % 4
+            br.append(ids(n), sampled=True, logprobs=[-1.0] * n, version=0)
+            trajs.append(br)
+    return trajs
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_branches_run_their_shared_history_once(fresh_tiny_model, tiny_tokenizer, pack):
+    """The branches of an episode lift their masked shared history into the prefix
+    (batching.lifted_prefixes): it runs once, and the trained tokens' log-probs, entropies and the
+    model's gradients equal the full pass's; the lifted tokens are not scored."""
+    import copy
+
+    from seekrl.train.batching import completion_logprobs, lifted_prefixes, make_micro_batch
+
+    trajs = _branched_trajs(len(tiny_tokenizer))
+    batch = TokenBatch.from_trajectories(trajs)
+    idx = list(range(len(trajs)))
+    lift = lifted_prefixes(batch, idx)
+    histories = [len(trajs[0].completion_ids) - 2, len(trajs[4].completion_ids) - 3]  # each episode's history before its answer
+    assert [trajs[1].loss_mask.index(1), trajs[5].loss_mask.index(1)] == histories
+    assert lift == [0, *[histories[0]] * 3, 0, *[histories[1]] * 3, 0]  # the episodes (and the unbranched one): none
+    assert lifted_prefixes(batch, [0, 1]) == [0, 0]  # a history nobody else starts with stays in the completion
+    full = make_micro_batch(batch, idx, 0, "cpu")
+    shared = make_micro_batch(batch, idx, 0, "cpu", share_prefix=True, pack=pack)
+    if not pack:
+        assert shared.prompt_ids_UP.shape[0] == 3  # the task prompt, and each branched episode's history
+        assert shared.suffix_ids_BS.shape[1] == max(len(t.completion_ids) - f for t, f in zip(trajs, lift))
+    else:
+        assert shared.packed is not None and shared.lift_B is not None
+    assert (shared.token_mask_BC.sum(1) == full.token_mask_BC.sum(1) - torch.tensor(lift, dtype=torch.float32)).all()
+    where = full.loss_mask_BC
+    out = {}
+    for name, mb in (("full", full), ("shared", shared)):
+        model = copy.deepcopy(fresh_tiny_model)
+        logp, ent = completion_logprobs(model, mb, 0.9, entropy=True, where_BC=where)
+        (logp.sum() - 0.3 * ent.sum()).backward()
+        out[name] = logp.detach(), ent.detach(), {n: p.grad for n, p in model.named_parameters()}
+    torch.testing.assert_close(out["shared"][0], out["full"][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out["shared"][1], out["full"][1], rtol=0, atol=1e-5)
+    for n, g in out["full"][2].items():
+        torch.testing.assert_close(out["shared"][2][n], g, rtol=0, atol=1e-5 * max(1.0, g.abs().max().item()), msg=n)
+    model = copy.deepcopy(fresh_tiny_model)
+    scored, _ = completion_logprobs(model, shared, 0.9)  # every column: the lifted ones give 0
+    for b, f in enumerate(lift):
+        assert (scored[b, :f] == 0).all()
+        n = len(trajs[b].completion_ids)
+        ref, _ = completion_logprobs(model, full, 0.9)
+        torch.testing.assert_close(scored[b, f:n], ref[b, f:n], rtol=0, atol=1e-5)
+
+
+def test_update_with_branches_is_the_same_with_lifted_prefixes(fresh_tiny_model, tiny_tokenizer):
+    """The whole update (old log-probs, micro-batches under a small budget, the plan keeping each
+    episode's branches together) gives the gradient of the unshared update, in fewer decoder tokens."""
+    from seekrl.train.plan import MicroBatchPlan
+
+    trajs = _branched_trajs(len(tiny_tokenizer), seed=12)
+    adv = [[float((i % 3) - 1)] * len(t.completion_ids) for i, t in enumerate(trajs)]
+    ref = _grads(fresh_tiny_model, trajs, _cfg("train.share_prefix=false", "train.max_grad_norm=1e9"), adv)
+    got = _grads(fresh_tiny_model, trajs, _cfg("train.share_prefix=true", "train.packing=false", "train.micro_batch_tokens=40",
+                                                "train.max_grad_norm=1e9"), adv)
+    for name in ref:
+        torch.testing.assert_close(ref[name], got[name], rtol=1e-4, atol=1e-6, msg=name)
+    batch = TokenBatch.from_trajectories(trajs)
+    plan = MicroBatchPlan(40, 0, torch.device("cpu"), share_prefix=True)
+    groups = plan.groups(batch, list(range(len(trajs))))
+    for first in (1, 5):  # each episode's three branches in one micro-batch
+        assert any({first, first + 1, first + 2} <= set(g) for g in groups), groups
+    lifted = sum(mb.prompt_ids_UP.numel() + mb.suffix_ids_BS.numel() for mb in plan.micro_batches(batch, list(range(len(trajs))))
+                 if mb.lift_B is not None)
+    plain = sum(len(trajs[i].prompt_ids) + len(trajs[i].completion_ids) for g in groups for i in g if i in (1, 2, 3, 5, 6, 7))
+    assert 0 < lifted < plain

@@ -47,6 +47,24 @@ def test_values_and_gradients_equal_the_full_logits_path(chunk, temperature, bia
         torch.testing.assert_close(gg, rr, rtol=0, atol=1e-5 * max(1.0, rr.abs().max().item()))
 
 
+@pytest.mark.parametrize("chunk", [5, 1000])
+def test_a_temperature_per_row_equals_each_rows_own(chunk):
+    """Rows sampled at their own temperature (rollout.branch_temperature): a `(N,)` temperature
+    gives each row the log-prob, entropy and gradients of the plain path at its temperature (<= 0: 1)."""
+    h, w, b, targets = _inputs()
+    g = torch.Generator().manual_seed(2)
+    a_logp, a_ent = torch.randn(len(targets), generator=g), torch.randn(len(targets), generator=g)
+    t_N = torch.tensor([(0.7, 1.3, 1.0, 0.0)[i % 4] for i in range(len(targets))])
+    ref = _grads(_reference, h, w, b, targets, torch.where(t_N > 0, t_N, torch.ones_like(t_N))[:, None], a_logp, a_ent)
+    got = _grads(lambda *x: head_logprob_entropy(*x, chunk=chunk), h, w, b, targets, t_N, a_logp, a_ent)
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(got[1], ref[1], rtol=0, atol=1e-5)
+    for gg, rr in zip(got[2], ref[2]):
+        torch.testing.assert_close(gg, rr, rtol=0, atol=1e-5 * max(1.0, rr.abs().max().item()))
+    one = _grads(lambda *x: head_logprob_entropy(*x, chunk=chunk), h, w, b, targets, 1.3, a_logp, a_ent)
+    assert not torch.allclose(one[0], got[0])  # the rows' own temperatures matter
+
+
 def test_without_entropy_and_with_a_frozen_head():
     h, w, b, targets = _inputs(bias=False)
     w.requires_grad_(False)

@@ -253,6 +253,10 @@ def test_defaults_are_the_old_estimator_bit_for_bit():
     (["rollout.answer_branches=2", "rollout.trajectory=stepwise", "tools.format=search_r1", "tools.retriever=http://127.0.0.1:1/retrieve"],
      "it needs tools.format set and rollout.trajectory=prefix; set rollout.answer_branches=1"),
     (["rollout.answer_branches=0"], "rollout.answer_branches"),
+    (["rollout.branch_temperature=1.2"], "rollout.branch_temperature=1.2 is the temperature of answer branches: it needs "
+                                         "rollout.answer_branches > 1"),
+    (["rollout.branch_temperature=0", "rollout.answer_branches=2", "tools.format=search_r1", "tools.retriever=http://127.0.0.1:1/retrieve"],
+     "rollout.branch_temperature=0 is the temperature of answer branches"),
 ])
 def test_config_refuses_what_the_layouts_cannot_do(overrides, message):
     from seekrl.config import load_config
@@ -273,6 +277,9 @@ def test_config_accepts_the_layouts():
     assert load_config(None, []).rollout.trajectory == "prefix"
     branched = load_config(None, ["rollout.answer_branches=4", "tools.format=search_r1", "tools.retriever=http://127.0.0.1:1/retrieve"])
     assert branched.rollout.answer_branches == 4 and load_config(None, []).rollout.answer_branches == 1
+    hot = load_config(None, ["rollout.answer_branches=4", "rollout.branch_temperature=1.2", "tools.format=search_r1",
+                             "tools.retriever=http://127.0.0.1:1/retrieve"])
+    assert hot.rollout.branch_temperature == 1.2 and branched.rollout.branch_temperature is None
 
 
 def test_turn_advantage_without_a_per_turn_reward_fails_before_the_model_loads(tmp_path, monkeypatch):
