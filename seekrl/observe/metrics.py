@@ -43,6 +43,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "rollout/truncated_obs": ("rl", "observations cut to rollout.max_obs_tokens per episode"),
     "rollout/unmasked_inserted_tokens": ("rl", "inserted tokens trained on (rollout.mask_observations=false) per episode"),
     "rollout/prefix_breaks": ("rl", "rollout.trajectory=stepwise or rollout.agent: turns per episode whose prompt is not the previous prompt + the tokens since (the chat template re-rendered the history; an agent edited it)"),
+    "rollout/branch_spread_frac": ("rl", "rollout.answer_branches > 1: the share of a step's trajectories in an episode's branch set (the episode and its branches) whose rewards differ: the answers read from one history that the group can tell apart"),
     "rollout/answer_branch": ("rl", "rollout.answer_branches > 1: the share of a step's trajectories that are branches of an episode's last turn (the other rollout/* means count them as trajectories too)"),
     "rollout/sampled_tokens": ("rl", "tokens the policy sampled per episode"),
     "rollout/response_len": ("rl", "tokens after the prompt per episode (the workflow's count)"),

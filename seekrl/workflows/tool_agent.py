@@ -71,7 +71,10 @@ episode's advantage. With a branch temperature (rollout.branch_temperature) the 
 at it and carry it (`Trajectory.temperature`), and the trainer scores their tokens there. The history's keys and values are reused for the branches
 (engines/prefix_kv.py serves a prompt from a stored key that extends it). Each row carries
 `metrics["answer_branch"]` (1 for a branch): `rollout/answer_branch` is the share of branch rows,
-and the other `rollout/*` means are over rows, branches included. Tree-GRPO and ARPO branch
+and `metrics["branch_spread_frac"]` (1 where the rewards of the row's set, the episode and its
+branches, differ): `rollout/branch_spread_frac` is the share of rows whose answers from one
+history did not all score the same, the comparisons the branches add. The other `rollout/*`
+means are over rows, branches included. Tree-GRPO and ARPO branch
 agent rollouts likewise; this branches only the last turn (the reading of what was found).
 
 The G episodes of a group run concurrently, and each moves to its next turn as soon as its own
@@ -212,8 +215,8 @@ class ToolAgentWorkflow:
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
         params = params or self.params
         prompt_ids = self.prompt_ids(task)
-        done = [d for ds in await asyncio.gather(*(self._branched(task, engine, prompt_ids, p) for p in episode_params(params, task, n)))
-                for d in ds]
+        sets = await asyncio.gather(*(self._branched(task, engine, prompt_ids, p) for p in episode_params(params, task, n)))
+        done = [d for ds in sets for d in ds]
         trajs = [t for t, _ in done]
         results = await self.rubric.score_many(
             (
@@ -228,6 +231,11 @@ class ToolAgentWorkflow:
             t.reward, t.reward_parts, t.turn_rewards = r.total, r.parts, r.turn_rewards
             if r.unavailable and t.status == "ok":  # the judge could not score it: left out of the update, counted, not scored 0
                 t.status = "reward_unavailable"
+        if self.answer_branches > 1:  # rollout/branch_spread_frac: rows of an episode's set (it and its branches) whose rewards differ
+            for ds in sets:
+                spread = float(len(ds) > 1 and len({t.reward for t, _ in ds}) > 1)
+                for t, _ in ds:
+                    t.metrics["branch_spread_frac"] = spread
         return TrajectoryGroup(task=task, trajectories=trajs)
 
     async def _branched(self, task: Task, engine: InferenceEngine, prompt_ids: list[int],

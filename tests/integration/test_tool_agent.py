@@ -280,6 +280,8 @@ def test_answer_branches_sample_the_last_turn_again_from_the_same_history(tiny_t
         first, *branches = asyncio.run(wf.run(TASK, eng, 1)).trajectories
         decided = first.status == "ok" and first.finish_reason in ("answered", "max_turns")
         assert len(branches) == (2 if decided else 0) and first.metrics["answer_branch"] == 0.0
+        spread = float(len({t.reward for t in (first, *branches)}) > 1)  # the set's answers told apart by their rewards
+        assert all(t.metrics["branch_spread_frac"] == spread for t in (first, *branches))
         if not decided:
             continue
         k = len(first.turn_spans) - 1  # the last turn, sampled again
