@@ -70,25 +70,32 @@ def plan_prefix_micro_batches(batch: TokenBatch, index: list[int], token_budget:
     Cost of a micro-batch: distinct prefixes × longest prefix + rows × longest rest of a
     completion, the tokens the shared-prefix forward processes. A row's prefix is its prompt and
     its lifted completion tokens (`batching.lifted_prefixes`: the history the branches of an
-    episode share), so such rows stay together too. Returns groups of positions into `index`.
+    episode share); rows of one lifted prefix are never split between micro-batches, since each
+    micro-batch lifts only what its own rows share. Returns groups of positions into `index`.
     """
     lift = lifted_prefixes(batch, index)
     keys = [tuple(batch.prompt_ids[i]) + tuple(batch.completion_ids[i][:f]) for i, f in zip(index, lift)]
     rest = [len(batch.completion_ids[i]) - f for i, f in zip(index, lift)]
     order = sorted(range(len(index)), key=lambda k: (len(keys[k]), keys[k], rest[k]))
+    units: list[list[int]] = []  # rows that share a lifted prefix go into one micro-batch together (the lift needs them all)
+    for k in order:
+        if lift[k] and units and lift[units[-1][0]] and keys[units[-1][0]] == keys[k]:
+            units[-1].append(k)
+        else:
+            units.append([k])
     groups: list[list[int]] = []
     current: list[int] = []
     prompts: set = set()
     lp = lc = 0
-    for k in order:
-        key = keys[k]
+    for unit in units:
+        key = keys[unit[0]]
         n_p = len(prompts | {key})
-        new_lp, new_lc = max(lp, len(key)), max(lc, rest[k])
-        if current and n_p * new_lp + (len(current) + 1) * new_lc > token_budget:
+        new_lp, new_lc = max(lp, len(key)), max(lc, *(rest[k] for k in unit))
+        if current and n_p * new_lp + (len(current) + len(unit)) * new_lc > token_budget:
             groups.append(current)
             current, prompts = [], set()
-            new_lp, new_lc = len(key), rest[k]
-        current.append(k)
+            new_lp, new_lc = len(key), max(rest[k] for k in unit)
+        current.extend(unit)
         prompts.add(key)
         lp, lc = new_lp, new_lc
     if current:

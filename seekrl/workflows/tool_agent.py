@@ -68,8 +68,9 @@ branch trains only what it sampled after that point (the shared history is maske
 version -1); its reward is its own; it joins the task's group, so the baseline is taken over all
 episodes and branches. The shared history trains once, in the first episode, with that
 episode's advantage. With a branch temperature (rollout.branch_temperature) the branches sample
-at it and carry it (`Trajectory.temperature`), and the trainer scores their tokens there. The history's keys and values are reused for the branches
-(engines/prefix_kv.py serves a prompt from a stored key that extends it). Each row carries
+at it and carry it (`Trajectory.temperature`), and the trainer scores their tokens there. The
+history's keys and values are reused for the branches (engines/prefix_kv.py serves a prompt
+from a stored key that extends it). Each row carries
 `metrics["answer_branch"]` (1 for a branch): `rollout/answer_branch` is the share of branch rows,
 and `metrics["branch_spread_frac"]` (1 where the rewards of the row's set, the episode and its
 branches, differ): `rollout/branch_spread_frac` is the share of rows whose answers from one

@@ -333,10 +333,11 @@ def test_update_with_branches_is_the_same_with_lifted_prefixes(fresh_tiny_model,
     for name in ref:
         torch.testing.assert_close(ref[name], got[name], rtol=1e-4, atol=1e-6, msg=name)
     batch = TokenBatch.from_trajectories(trajs)
-    plan = MicroBatchPlan(40, 0, torch.device("cpu"), share_prefix=True)
-    groups = plan.groups(batch, list(range(len(trajs))))
-    for first in (1, 5):  # each episode's three branches in one micro-batch
-        assert any({first, first + 1, first + 2} <= set(g) for g in groups), groups
+    for budget in (20, 60, 40):  # each episode's three branches in one micro-batch, whatever the budget
+        plan = MicroBatchPlan(budget, 0, torch.device("cpu"), share_prefix=True)
+        groups = plan.groups(batch, list(range(len(trajs))))
+        for first in (1, 5):
+            assert any({first, first + 1, first + 2} <= set(g) for g in groups), (budget, groups)
     lifted = sum(mb.prompt_ids_UP.numel() + mb.suffix_ids_BS.numel() for mb in plan.micro_batches(batch, list(range(len(trajs))))
                  if mb.lift_B is not None)
     plain = sum(len(trajs[i].prompt_ids) + len(trajs[i].completion_ids) for g in groups for i in g if i in (1, 2, 3, 5, 6, 7))
