@@ -49,7 +49,7 @@ import torch
 from seekrl.algo.head_logprob import head_logprob_entropy, worth_chunking
 from seekrl.algo.losses import entropy_from_logits
 from seekrl.models import unwrap_peft
-from seekrl.train.batch import TokenBatch
+from seekrl.train.batch import TokenBatch, pad_completion
 from seekrl.train.compute import trainer_autocast
 from seekrl.train.packing import PackedFull, PackedPrefix, pack_full, pack_prefix, packed_hidden, saves_rows
 
@@ -153,14 +153,11 @@ def make_micro_batch(batch: TokenBatch, index: list[int], pad_id: int, device, s
             )
             if any(lift):
                 S = max(1, max(len(c) for c in suffixes))
-                suffix_ids = torch.zeros(B, S, dtype=torch.long)
-                suffix_mask = torch.zeros(B, S, dtype=torch.long)
-                for b, c in enumerate(suffixes):
-                    suffix_ids[b, : len(c)] = torch.as_tensor(c, dtype=torch.long)
-                    suffix_mask[b, : len(c)] = 1
-                    token_mask[b, : lift[b]] = 0  # lifted: not scored (module docstring)
-                prefix.update(lift_B=torch.as_tensor(lift).to(device), suffix_ids_BS=suffix_ids.to(device),
-                              suffix_mask_BS=suffix_mask.to(device))
+                for b, f in enumerate(lift):
+                    token_mask[b, :f] = 0  # lifted: not scored (module docstring)
+                prefix.update(lift_B=torch.as_tensor(lift).to(device),
+                              suffix_ids_BS=pad_completion(suffixes, S, torch.long).to(device),
+                              suffix_mask_BS=pad_completion([[1] * len(c) for c in suffixes], S, torch.long).to(device))
     shared = "prompt_ids_UP" in prefix
     if not shared:  # the full pass: nothing lifted
         prompts, suffixes = full_prompts, comps
