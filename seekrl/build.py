@@ -346,7 +346,7 @@ def _teacher_token(cfg: Config) -> str | None:
 def check_teacher(cfg: Config) -> None:
     """What can be checked of `algo.teacher` before any model loads: the model folder (a checkpoint
     folder means its model/), the token's variable, and vLLM's temperature (its prompt log-probs
-    are taken at temperature 1, the trainer's at rollout.temperature)."""
+    are taken at temperature 1, the trainer's at rollout.temperature and rollout.branch_temperature)."""
     tc, temperature = cfg.algo.teacher, cfg.rollout.temperature
     if tc.path is not None:
         try:
@@ -355,10 +355,11 @@ def check_teacher(cfg: Config) -> None:
             raise ConfigError(str(e).replace("model.path", "algo.teacher.path", 1)) from None
     if tc.url is not None:
         _teacher_token(cfg)
-        if tc.api == "vllm" and temperature != 1.0:
-            raise ConfigError(f"algo.teacher.api=vllm scores at temperature 1 (vLLM's prompt log-probs take no temperature), "
-                              f"the student is scored at rollout.temperature={temperature:g}; set rollout.temperature=1 "
-                              "or serve the teacher with seekrl serve engine (algo.teacher.api=seekrl)")
+        for key, t in (("rollout.temperature", temperature), ("rollout.branch_temperature", cfg.rollout.branch_temperature)):
+            if tc.api == "vllm" and t is not None and t != 1.0:
+                raise ConfigError(f"algo.teacher.api=vllm scores at temperature 1 (vLLM's prompt log-probs take no temperature), "
+                                  f"the student is scored at {key}={t:g}; set {key}=1 "
+                                  "or serve the teacher with seekrl serve engine (algo.teacher.api=seekrl)")
 
 
 def build_teacher(cfg: Config, tokenizer, texts: list[str] | None, ranks: Ranks | None = None) -> Teacher | None:

@@ -48,7 +48,7 @@ class TeacherConfig:
     url: str | None = None
     """Teacher on an engine server that returns prompt log-probs (seekrl serve engine, or vLLM with algo.teacher.api=vllm); instead of algo.teacher.path."""
     api: Literal["seekrl", "vllm"] = "seekrl"
-    """The teacher server's API: seekrl (`seekrl serve engine`, /score) | vllm (/v1/completions with prompt_logprobs; temperature 1 only, so rollout.temperature=1)."""
+    """The teacher server's API: seekrl (`seekrl serve engine`, /score) | vllm (/v1/completions with prompt_logprobs; temperature 1 only, so rollout.temperature=1 and, with answer branches, rollout.branch_temperature=1)."""
     token_env: str | None = None
     """Environment variable holding the teacher server's bearer token (none: no token)."""
     timeout_s: Annotated[float, Range(gt=0, text="> 0 seconds")] = 300.0

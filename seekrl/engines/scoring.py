@@ -10,10 +10,10 @@ engines/adapters.py does for sampling); `TeacherClient` sends them (synchronous 
 step asks from its worker thread), `chunk` sequences per request.
 
 seekrl (`seekrl serve engine`, servers/engine.py)
-- POST /score {"input_ids": [[...], ...], "start": [s, ...], "temperature": T} ->
+- POST /score {"input_ids": [[...], ...], "start": [s, ...], "temperature": T | [T, ...]} ->
   {"logprobs": [[...], ...], "weight_version"}: for each sequence, the log-probs of its tokens
   `start .. len-1`, each given the tokens before it, `log_softmax(logits / T)[token]` in the
-  server's model (the trainer's own scoring code, train/teacher.py `score_completions`).
+  server's model (one T, or one a sequence: rows sampled at their own temperature) (the trainer's own scoring code, train/teacher.py `score_completions`).
 - GET /model_info -> {"vocab_digest", "vocab_size", ...}: `vocab_digest` is `vocab_digest(tokenizer)`,
   compared with the student's before training starts.
 
@@ -27,7 +27,8 @@ vLLM (`vllm serve`; what the vLLM sources say, see below)
   floored at -9999.0). The one sampled token (max_tokens 1) is ignored.
 - vLLM's prompt log-probs are taken from the logits before any temperature (its default
   logprobs mode, `raw_logprobs`), so the vllm API scores at temperature 1 only: a run sampling
-  at another rollout.temperature is refused before it starts (seekrl/build.py).
+  at another rollout.temperature or rollout.branch_temperature is refused before it starts
+  (seekrl/build.py).
 - POST /tokenize {"prompt": text, "add_special_tokens": false} -> {"tokens": [...], "count",
   "max_model_len"}: the probe text's ids are compared with the student tokenizer's (vLLM does
   not serve its vocabulary without --enable-tokenizer-info-endpoint).
@@ -79,8 +80,10 @@ class SeekrlScoring:
 
     name: ClassVar[str] = "seekrl"
 
-    def score(self, seqs: list[list[int]], starts: list[int], temperature: float) -> HTTPCall:
-        return HTTPCall("POST", "/score", {"input_ids": seqs, "start": starts, "temperature": float(temperature)})
+    def score(self, seqs: list[list[int]], starts: list[int], temperature: float | list[float]) -> HTTPCall:
+        temps = _temperatures(temperature, len(seqs))
+        sent = temps[0] if len(set(temps)) == 1 else temps  # one number when they agree, as a client that is not seekrl's sends
+        return HTTPCall("POST", "/score", {"input_ids": seqs, "start": starts, "temperature": sent})
 
     def parse_score(self, body: Any, seqs: list[list[int]], starts: list[int]) -> list[list[float]]:
         what = "seekrl /score"
@@ -113,9 +116,10 @@ class VLLMScoring:
 
     name: ClassVar[str] = "vllm"
 
-    def score(self, seqs: list[list[int]], starts: list[int], temperature: float) -> HTTPCall:
-        if temperature != 1.0:
-            raise ValueError(f"vLLM's prompt log-probs are taken at temperature 1, not {temperature}")
+    def score(self, seqs: list[list[int]], starts: list[int], temperature: float | list[float]) -> HTTPCall:
+        other = next((t for t in _temperatures(temperature, len(seqs)) if t != 1.0), None)
+        if other is not None:
+            raise ValueError(f"vLLM's prompt log-probs are taken at temperature 1, not {other}")
         body = {"prompt": seqs, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
                 "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
                 "skip_special_tokens": False, "stream": False}
@@ -198,14 +202,16 @@ class TeacherClient:
         raise EngineUnavailable(f"the teacher server {self.url} did not answer {call.path} in {self.tries} tries ({last}); "
                                 "start it (seekrl serve engine --model DIR) or fix algo.teacher.url")
 
-    def score(self, seqs: list[list[int]], starts: list[int], temperature: float) -> list[list[float]]:
-        """For each sequence, the teacher's log-probs of its tokens `start ..` (empty where there are none)."""
+    def score(self, seqs: list[list[int]], starts: list[int], temperature: float | list[float]) -> list[list[float]]:
+        """For each sequence, the teacher's log-probs of its tokens `start ..` (empty where there are none),
+        at `temperature`: one for all, or one a sequence."""
+        temps = _temperatures(temperature, len(seqs))
         out: list[list[float]] = [[] for _ in seqs]
         todo = [i for i, (s, st) in enumerate(zip(seqs, starts)) if len(s) > st]
         for k in range(0, len(todo), self.chunk):
             part = todo[k : k + self.chunk]
             sub, sub_starts = [seqs[i] for i in part], [starts[i] for i in part]
-            body = self._send(self.api.score(sub, sub_starts, temperature))
+            body = self._send(self.api.score(sub, sub_starts, [temps[i] for i in part]))
             try:
                 rows = self.api.parse_score(body, sub, sub_starts)
             except AdapterError as e:
@@ -227,6 +233,15 @@ class TeacherClient:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _temperatures(temperature: float | list[float], n: int) -> list[float]:
+    """One temperature a sequence, from one for all or a list of `n`."""
+    if isinstance(temperature, (int, float)):
+        return [float(temperature)] * n
+    if len(temperature) != n:
+        raise ValueError(f"{len(temperature)} temperatures for {n} sequences")
+    return [float(t) for t in temperature]
 
 
 def _detail(r: httpx.Response) -> str:

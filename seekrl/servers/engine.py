@@ -15,7 +15,7 @@ trainers use, with SGLang's field names, so a client written for one works with 
     POST /continue_generation
     POST /abort_request            {"rid": str, "abort_all": bool}
     POST /flush_cache              (no prefix cache to flush: answers success)
-    POST /score                    {"input_ids": [...] | [[...], ...], "start": int | [int, ...], "temperature": T}
+    POST /score                    {"input_ids": [...] | [[...], ...], "start": int | [int, ...], "temperature": T | [T, ...]}
                                    -> {"logprobs": [...] | [[...], ...], "weight_version"}: a distillation teacher
     GET  /model_info, /get_model_info   model path, weight_version, max context, vocab size, vocab_digest
     GET  /health                   {"status": "ok"}, no token
@@ -32,7 +32,8 @@ together by the LocalEngine: requests that arrive while a batch runs form the ne
 
 `/score` (seekrl's own, not SGLang's) gives, for each sequence, the log-probs of its tokens
 `start ..` (default 1: all but the first), each given the tokens before it:
-`log_softmax(logits / temperature)[token]` (default temperature 1), computed by the trainer's own
+`log_softmax(logits / temperature)[token]` (default temperature 1; one for all sequences, or one
+per sequence: a student's rows sampled at different temperatures), computed by the trainer's own
 scoring pass (train/teacher.py `score_completions`), so a model served here scores a student's
 tokens as the same model would in the trainer (algo.teacher.url; engines/scoring.py is the client).
 `vocab_digest` in /model_info is the sha256 of the tokenizer's vocabulary, which a distillation run
@@ -69,6 +70,7 @@ import os
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -150,12 +152,15 @@ class GenerateRequest(BaseModel):
     stream: bool = False
 
 
+ScoreTemperature = Annotated[float, Field(gt=0.0, le=100.0)]
+
+
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     input_ids: list[int] | list[list[int]]
     start: int | list[int] = 1  # the first position scored, for all sequences or one per sequence (>= 1)
-    temperature: float = Field(default=1.0, gt=0.0, le=100.0)
+    temperature: ScoreTemperature | list[ScoreTemperature] = 1.0  # for all sequences or one per sequence
 
 
 class UpdateWeightsRequest(BaseModel):
@@ -442,16 +447,22 @@ def make_app(
                                          "has nothing before it to be predicted from)", "start")
                 if context is not None and len(s) > context:
                     raise HTTPError(400, f"a sequence of {len(s)} tokens is over the model's context of {context} tokens", "input_ids")
-            check_temperature(req.temperature, "temperature")
-            rows = await cancel_on_disconnect(request, asyncio.to_thread(score_rows, seqs, starts, req.temperature))
-            if not all(math.isfinite(v) for row in rows for v in row):
-                raise HTTPError(400, f"the log-probs are not finite at temperature {req.temperature}; raise it", "temperature")
+            temps = [req.temperature] * len(seqs) if isinstance(req.temperature, float) else list(req.temperature)
+            if len(temps) != len(seqs):
+                raise HTTPError(400, f"temperature has {len(temps)} entries for {len(seqs)} sequences; give one, or one per sequence",
+                                "temperature")
+            for t in temps:
+                check_temperature(t, "temperature")
+            rows = await cancel_on_disconnect(request, asyncio.to_thread(score_rows, seqs, starts, temps))
+            for row, t in zip(rows, temps):
+                if not all(math.isfinite(v) for v in row):
+                    raise HTTPError(400, f"the log-probs are not finite at temperature {t}; raise it", "temperature")
             guard.stats["scored_tokens"] += sum(len(r) for r in rows)
             return JSONResponse({"logprobs": rows[0] if single else rows, "weight_version": engine.version})
 
         return await guard.answer(request, handler, _error_response)
 
-    def score_rows(seqs: list[list[int]], starts: list[int], temperature: float) -> list[list[float]]:
+    def score_rows(seqs: list[list[int]], starts: list[int], temps: list[float]) -> list[list[float]]:
         from seekrl.train.batching import can_share_prefix
         from seekrl.train.plan import MicroBatchPlan
         from seekrl.train.teacher import score_completions, scoring_batch
@@ -462,8 +473,8 @@ def make_app(
             model = engine.model
             plan = MicroBatchPlan(SCORE_TOKEN_BUDGET, tokenizer.pad_token_id or 0, next(model.parameters()).device,
                                   share_prefix=can_share_prefix(model))
-            batch = scoring_batch([seqs[i] for i in todo], [starts[i] for i in todo])
-            logp_BC = score_completions(model, plan, batch, temperature)
+            batch = scoring_batch([seqs[i] for i in todo], [starts[i] for i in todo], [temps[i] for i in todo])
+            logp_BC = score_completions(model, plan, batch, temps[todo[0]])
             for k, i in enumerate(todo):
                 rows[i] = logp_BC[k, : len(seqs[i]) - starts[i]].tolist()
         return rows

@@ -10,8 +10,8 @@ algo/distill.py). Both read the same token ids, so they must share a tokenizer: 
 compares the vocabularies, and the composition root (seekrl/build.py) refuses a teacher whose
 tokenizer differs before training starts.
 
-The teacher scores at the temperature the trainer scores the student at (rollout.temperature):
-with both distributions taken at one temperature, the student that minimises the reverse KL is
+The teacher scores at the temperature the trainer scores the student at (rollout.temperature;
+a row sampled at its own, rollout.branch_temperature, at that one): with both distributions taken at one temperature, the student that minimises the reverse KL is
 the teacher itself (taken at different ones, it would be a sharpened or flattened teacher).
 
 - `LocalTeacher`: a model in the trainer's process, scored by `score_completions`, the trainer's
@@ -29,6 +29,7 @@ the teacher itself (taken at different ones, it would be a sharpened or flattene
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -112,7 +113,7 @@ class RemoteTeacher:
         answer: dict | None = None
         if self.ranks.is_main:
             try:
-                answer = {"rows": self.client.score(seqs, starts, self.temperature)}
+                answer = {"rows": self.client.score(seqs, starts, self.row_temperatures(batch))}
             except SeekrlError as e:
                 if not self.ranks.distributed:
                     raise
@@ -122,14 +123,22 @@ class RemoteTeacher:
             raise EngineUnavailable(answer["error"])
         return pad_completion(answer["rows"], batch.width)
 
+    def row_temperatures(self, batch: TokenBatch) -> float | list[float]:
+        """The temperature each row is scored at: its own where it was sampled at one
+        (`TokenBatch.temperature_B`, rollout.branch_temperature), the run's elsewhere."""
+        if batch.temperature_B is None:
+            return self.temperature
+        return [self.temperature if math.isnan(t) else t for t in batch.temperature_B.tolist()]
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
 
 
-def scoring_batch(seqs: list[list[int]], starts: list[int]) -> TokenBatch:
+def scoring_batch(seqs: list[list[int]], starts: list[int], temperatures: list[float] | None = None) -> TokenBatch:
     """Sequences as a TokenBatch whose completions are the tokens from `start` on (each start >= 1):
-    what `score_completions` scores."""
+    what `score_completions` scores; `temperatures` (one a sequence), when they differ, become the
+    rows' own (`TokenBatch.temperature_B`), so each row is scored at its own."""
     prompts = [list(s[:st]) for s, st in zip(seqs, starts)]
     comps = [list(s[st:]) for s, st in zip(seqs, starts)]
     C = max(1, max((len(c) for c in comps), default=0))
@@ -139,6 +148,8 @@ def scoring_batch(seqs: list[list[int]], starts: list[int]) -> TokenBatch:
         prompt_ids=prompts, completion_ids=comps, loss_mask_BC=token_mask.float(), token_mask_BC=token_mask,
         behav_logp_BC=torch.zeros(len(seqs), C), versions_BC=torch.full((len(seqs), C), -1, dtype=torch.long),
         rewards_B=torch.zeros(len(seqs)), group_ids_B=torch.arange(len(seqs)), truncated_B=torch.zeros(len(seqs), dtype=torch.bool),
+        temperature_B=(torch.tensor(temperatures, dtype=torch.float32) if temperatures is not None and len(set(temperatures)) > 1
+                       else None),
     )
 
 

@@ -106,6 +106,15 @@ def test_the_engine_server_scores_what_the_local_teacher_scores(student, tiny_to
             assert got.shape == expected.shape and client.requests == 3  # /model_info + two /score
             assert torch.allclose(got, expected, atol=1e-5, rtol=0)
             assert not got[~batch.token_mask_BC].any()
+            # rows sampled at their own temperature (answer branches, TokenBatch.temperature_B; NaN: the run's)
+            # are scored at it on the server as in the trainer
+            batch.temperature_B = torch.tensor([math.nan, 1.6, math.nan, 1.6, 0.4, math.nan])
+            hot = remote.logprobs(batch)
+            assert torch.allclose(hot, local.logprobs(batch), atol=1e-5, rtol=0)
+            own = torch.tensor([False, True, False, True, True, False])
+            assert torch.equal(hot[~own], got[~own])
+            assert (hot[own] - got[own])[batch.token_mask_BC[own]].abs().min() > 1e-3  # not scored at 0.7
+            batch.temperature_B = None
             other = train_tiny_tokenizer([*tiny_texts, "a new word: zyzzyva"], vocab_size=130)
             with pytest.raises(ConfigError, match="another tokenizer") as err:
                 client.check_tokenizer(other)
@@ -130,6 +139,8 @@ def test_the_engine_server_scores_what_the_local_teacher_scores(student, tiny_to
                 ({"input_ids": [ids, ids], "start": [1, 2, 3]}, 400, "3 entries for 2"),
                 ({"input_ids": [ids, [10**6]]}, 400, "outside the vocabulary"),
                 ({"input_ids": ids, "temperature": 0}, 400, "temperature"),
+                ({"input_ids": [ids, ids], "temperature": [0.7, 0.7, 1.0]}, 400, "3 entries for 2"),
+                ({"input_ids": [ids, ids], "temperature": [0.7, -1.0]}, 400, "temperature"),
                 ({"input_ids": [ids] * 5}, 413, "at most 4"),
                 ({"input_ids": [list(range(3, 100))] * 4, "pad": "x" * 20_000}, 413, "over the limit"),
             ]:
@@ -209,6 +220,10 @@ def test_the_vllm_client_reads_prompt_logprobs(student, tiny_tokenizer, tiny_tex
     with pytest.raises(ConfigError, match="rollout.temperature=0.7"):
         check_teacher(cfg_of("algo.name=distill", "algo.teacher.url=http://127.0.0.1:9", "algo.teacher.api=vllm",
                              "rollout.temperature=0.7"))
+    with pytest.raises(ConfigError, match="rollout.branch_temperature=1.5"):  # answer branches sampled at their own
+        check_teacher(cfg_of("algo.name=distill", "algo.teacher.url=http://127.0.0.1:9", "algo.teacher.api=vllm",
+                             "rollout.answer_branches=2", "rollout.branch_temperature=1.5", "tools.format=search_r1",
+                             "tools.retriever=http://127.0.0.1:1/retrieve"))
     with pytest.raises(ConfigError, match="TEACHER_TOKEN_UNSET"):
         check_teacher(cfg_of("algo.name=distill", "algo.teacher.url=http://127.0.0.1:9", "algo.teacher.token_env=TEACHER_TOKEN_UNSET"))
 

@@ -91,7 +91,7 @@ def engine_bodies(vocab: int) -> dict:
         "/flush_cache": ANY_JSON,
         "/score": near(
             {"input_ids": ids | st.lists(ids, min_size=1, max_size=3), "start": st.integers(1, 6) | st.lists(st.integers(1, 6), max_size=3),
-             "temperature": st.floats(1e-5, 2)},
+             "temperature": st.floats(1e-5, 2) | st.lists(st.floats(1e-5, 2), min_size=1, max_size=3)},
             {"input_ids": bad_ids | st.lists(bad_ids, max_size=6) | st.just([[1], [2, 3], []]) | st.lists(ids, min_size=5, max_size=6),
              "start": st.sampled_from([0, -1, 7]) | HUGE | st.lists(st.integers(-1, 8), max_size=4),
              "temperature": st.sampled_from([0, -1, 1e-300, 5e-324, 1e-30, 100.0, 101]) | FLOATS},
