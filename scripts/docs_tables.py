@@ -80,12 +80,14 @@ def _leaf(p: argparse.ArgumentParser, name: str, help_text: str) -> str:
         if isinstance(a, argparse._HelpAction):
             continue
         if not a.option_strings:
-            args.append({"*": f"[{a.dest.upper()} ...]", "?": f"[{a.dest.upper()}]"}.get(a.nargs, a.dest.upper()))
+            d = a.dest.upper()
+            args.append({"*": f"[{d} ...]", "?": f"[{d}]", "+": f"{d} [{d} ...]"}.get(a.nargs, d))
         else:
             flag = a.option_strings[-1]
             value = "" if a.nargs == 0 else " " + ("\\|".join(map(str, a.choices)) if a.choices else a.dest.upper())
             args.append(f"{flag}{value}" if a.required else f"[{flag}{value}]")
-    return f"| `{name}` | `{' '.join(args)}` | {help_text.replace('|', chr(92) + '|')} |"
+    text = help_text.replace("%%", "%")  # argparse's escape
+    return f"| `{name}` | `{' '.join(args)}` | {text.replace('|', chr(92) + '|')} |"
 
 
 def config_sections() -> str:

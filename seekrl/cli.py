@@ -1,4 +1,4 @@
-"""`seekrl` command line: train, launch, sft, eval, curriculum, index, serve (retriever, mcp, policy), config, cache.
+"""`seekrl` command line: train, launch, sft, eval, compare, curriculum, index, serve (retriever, mcp, policy), config, cache.
 
     seekrl train examples/tiny_grpo.yaml train.steps=50 algo.name=ppo
     seekrl launch examples/tiny_grpo.yaml cluster.engine_servers=2   # trainer ranks + engine servers on Ray
@@ -7,6 +7,7 @@
     seekrl demo --recipe hotpotqa_smollm2          # SmolLM2-135M learns to search HotpotQA (about 1.75 h on a 2-core CPU with avx512_bf16)
     seekrl generate CONFIG generate.endpoint=http://127.0.0.1:8002/v1 generate.out=sft.jsonl   # or =teacher
     seekrl eval examples/gsm8k_grpo_smollm2.yaml model.path=runs/x/checkpoints/step_3/model
+    seekrl compare runs/sft/eval runs/grpo/eval runs/grpo_s1/eval   # each gain over the first eval, its 95% CI, the seeds' mean
     seekrl curriculum CONFIG data.curriculum=runs/curriculum.json   # pass rates of model.path on data.train (cached)
     seekrl index build --corpus hotpotqa --out runs/index/hotpotqa_bm25 --kind bm25
     seekrl serve retriever --index runs/index/hotpotqa_bm25 --port 8000 [--token T]
@@ -86,6 +87,14 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate model.path on data.eval with the training workflow; writes runs/<name>/eval/ (eval.json, eval.md, trajectories.jsonl)")
     e.add_argument("config")
     e.add_argument("overrides", nargs="*")
+    cm = sub.add_parser("compare", help="the paired bootstrap of evals: each later eval's gain over the first, its 95%% CI, "
+                        "tasks up/down, and the mean of several (seeds)")
+    cm.add_argument("base", help="the eval to compare against: an eval folder (runs/<name>/eval) or a trajectories.jsonl")
+    cm.add_argument("after", nargs="+", help="one or more later evals of the same tasks (e.g. one per seed)")
+    cm.add_argument("--metric", default="em", help="score/<metric> of each episode (em, f1, accuracy, ...) or reward (default: em)")
+    cm.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default: 10000)")
+    cm.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default: 0)")
+    cm.add_argument("--json", default=None, help="also write the comparison as JSON to this file")
     cu = sub.add_parser("curriculum", help="measure model.path's pass rate on data.train (data.curriculum_k samples each); "
                         "write the data.curriculum cache that RL then filters by (0 < pass rate < 1)")
     cu.add_argument("config")
@@ -177,6 +186,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(reference_markdown())
             else:
                 print(load_config(args.config, args.overrides).to_yaml(), end="")
+            return 0
+        if args.command == "compare":
+            from seekrl.compare import compare_evals, compare_markdown
+
+            if args.resamples < 100:
+                print(f"seekrl: error: --resamples {args.resamples} is too few for a 95% interval; use at least 100", file=sys.stderr)
+                return 2
+            res = compare_evals(args.base, args.after, metric=args.metric, resamples=args.resamples, seed=args.seed)
+            print(compare_markdown(res), end="")
+            if args.json:
+                Path(args.json).write_text(json.dumps(res, indent=2))
             return 0
         if args.command == "report":
             from seekrl.report import NotARunFolder, write_report

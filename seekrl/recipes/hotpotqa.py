@@ -70,6 +70,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from seekrl.compare import compare_scores
 from seekrl.config import ConfigError, load_config
 from seekrl.recipes.hotpotqa_scores import (answer_options, em_by_type, eval_answers, paired_bootstrap, question_types,
                                             search_support, two_way_guesses)
@@ -263,7 +264,10 @@ def _results_markdown(res: dict) -> str:
             lines += ["", f"EM gain, {label} (the {where} questions, paired bootstrap, {g['resamples']:,} resamples of {g['n']} questions): "
                       f"**{100 * g['mean']:+.1f} points**, 95% CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]"]
     if len(gains) > 1:
-        lines += ["", f"Mean EM gain of GRPO over SFT across the {len(gains)} seeds: **{100 * res['grpo_gain_mean']:+.1f} points**"]
+        m = res.get("grpo_gain_mean_ci")
+        ci = (f", 95% CI [{100 * m['ci95'][0]:+.1f}, {100 * m['ci95'][1]:+.1f}] (the seeds' mean EM of each question against SFT's, "
+              "paired bootstrap)") if m else ""
+        lines += ["", f"Mean EM gain of GRPO over SFT across the {len(gains)} seeds: **{100 * res['grpo_gain_mean']:+.1f} points**{ci}"]
     if res.get("em_by_type"):
         lines += ["", "EM by question type (held-out):", "", markdown_table(_type_rows(res)).rstrip()]
     if res.get("two_way"):
@@ -497,8 +501,8 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     ids = sorted(scores["sft"])
     heldout = _read_jsonl(files["heldout"])
     kinds = question_types(heldout)
-    gains = {name: {"seed": seed, **paired_bootstrap([scores["sft"][i] for i in ids], [scores[name][i] for i in ids])}
-             for name, seed in runs.items()}
+    compared = compare_scores(scores["sft"], {name: scores[name] for name in runs})  # each seed's gain, and their mean's
+    gains = {name: {"seed": seed, **compared["gains"][name]} for name, seed in runs.items()}
     # the gain where an answer has to be read: the open questions only (answer_options)
     open_kind = {str(r["_id"]): answer_options(r)[0] == "open" for r in heldout}
     open_ids = [i for i in ids if open_kind.get(i)]
@@ -509,6 +513,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
            "train_seconds": {name: _train_seconds(out_dir / name) for name in ("sft", *runs)},
            "grpo_gain": gains[first], "grpo_gains": gains,
            "grpo_gain_mean": sum(g["mean"] for g in gains.values()) / len(gains),
+           "grpo_gain_mean_ci": compared.get("mean"),  # the seeds' task-by-task mean against SFT, paired bootstrap
            "em_by_type": {name: em_by_type(scores[name], kinds) for name in ("sft", *runs)},
            "two_way": {name: two_way_guesses(heldout, answers[name][1], scores[name]) for name in ("sft", *runs)},
            "search_support": {name: search_support(heldout, episodes[name]) for name in ("sft", *runs)},

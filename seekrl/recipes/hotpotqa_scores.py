@@ -1,6 +1,7 @@
 """How the HotpotQA recipe scores its evals (seekrl/recipes/hotpotqa.py, stage 9): the paired
-bootstrap of a gain, EM by question type, the questions with two possible answers against
-chance, and which search retrieved the paragraphs a question needs. Pure functions of the split's
+bootstrap of a gain (seekrl/compare.py's, the one `seekrl compare` runs), EM by question type,
+the questions with two possible answers against chance, and which search retrieved the
+paragraphs a question needs. Pure functions of the split's
 rows and the evals' trajectories (`<eval>/trajectories.jsonl`), so they can be run on any eval.
 """
 
@@ -8,22 +9,10 @@ from __future__ import annotations
 
 import re
 
+from seekrl.compare import paired_bootstrap
+
 __all__ = ["paired_bootstrap", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support",
            "eval_answers"]
-
-
-def paired_bootstrap(before: list[float], after: list[float], n: int = 10_000, seed: int = 0) -> dict:
-    """Mean of after - before over paired questions, and its 95% percentile interval from `n`
-    resamples of the questions."""
-    import numpy as np
-
-    if len(before) != len(after) or not before:
-        raise ValueError(f"paired bootstrap needs two equal, non-empty lists, got {len(before)} and {len(after)}")
-    d = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, len(d), size=(n, len(d)))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return {"mean": float(d.mean()), "ci95": [float(lo), float(hi)], "n": len(d), "resamples": n}
 
 
 def question_types(rows: list[dict]) -> dict[str, str]:

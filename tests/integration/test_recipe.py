@@ -81,6 +81,9 @@ def test_recipe_runs_every_stage(recipe):
         assert g["mean"] == pytest.approx(res["table"][2 + i]["EM"] - res["table"][1]["EM"])
     assert res["grpo_gain"] == res["grpo_gains"]["grpo"]
     assert res["grpo_gain_mean"] == pytest.approx((res["grpo_gains"]["grpo"]["mean"] + res["grpo_gains"]["grpo_s1"]["mean"]) / 2)
+    m = res["grpo_gain_mean_ci"]  # the seeds' mean, question by question: the same mean gain, an interval around it
+    assert m["mean"] == pytest.approx(res["grpo_gain_mean"]) and m["ci95"][0] <= m["mean"] <= m["ci95"][1] and m["evals"] == 2
+    assert "across the 2 seeds" in (out / "results.md").read_text() and "95% CI" in (out / "results.md").read_text()
     # EM by question type: the held-out questions' own types, weighted back to the overall EM
     kinds = {r["_id"]: r["type"] or "unknown" for r in data["heldout"]}  # 302 dev rows (an IRCoT copy) have no type
     for name in ("sft", "grpo", "grpo_s1"):

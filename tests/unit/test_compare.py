@@ -1,0 +1,98 @@
+"""`seekrl compare` (seekrl/compare.py): per-task scores from eval trajectories, the paired
+bootstrap of each later eval and of the seeds' mean, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from seekrl.cli import main
+from seekrl.compare import compare_evals, compare_markdown, compare_scores, paired_bootstrap, task_scores
+from seekrl.errors import DataError
+
+
+def write_eval(folder, scores: dict[str, list[float]], nested: bool = False):
+    """An eval folder as `seekrl eval` writes it: one record per sample, score/em and score/f1."""
+    out = folder / "eval" / ("eval" if nested else "")
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "trajectories.jsonl").open("w") as f:
+        for task, samples in scores.items():
+            for k, em in enumerate(samples):
+                f.write(json.dumps({"task_id": task, "sample": k, "reward": 2 * em, "metrics": {"score/em": em, "score/f1": em / 2}}) + "\n")
+    return folder
+
+
+def test_task_scores_average_each_task_s_samples_and_follow_nested_eval_folders(tmp_path):
+    write_eval(tmp_path / "a", {"q1": [1.0, 0.0, 1.0, 1.0], "q2": [0.0, 0.0]}, nested=True)  # log.dir=X log.name=eval
+    assert task_scores(tmp_path / "a") == {"q1": 0.75, "q2": 0.0}
+    assert task_scores(tmp_path / "a", "f1") == {"q1": 0.375, "q2": 0.0}
+    assert task_scores(tmp_path / "a" / "eval" / "eval" / "trajectories.jsonl", "reward") == {"q1": 1.5, "q2": 0.0}
+
+
+def test_an_eval_that_cannot_be_compared_is_one_line_naming_the_file_and_line(tmp_path):
+    f = write_eval(tmp_path / "a", {"q1": [1.0], "q2": [0.0]}) / "eval" / "trajectories.jsonl"
+    with pytest.raises(DataError, match="no score/xyz; --metric is one of reward, em, f1$"):
+        task_scores(f, "xyz")
+    f.write_text(f.read_text() + "{not json\n")
+    with pytest.raises(DataError, match=rf"{f}:3: not JSON"):
+        task_scores(f)
+    with pytest.raises(DataError, match="no trajectories.jsonl"):
+        task_scores(tmp_path / "missing")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="no episodes"):
+        task_scores(tmp_path / "empty.jsonl")
+
+
+def test_each_gain_is_the_paired_mean_difference_with_an_interval_around_it():
+    base = {f"q{i}": float(i % 2) for i in range(40)}
+    after = {f"q{i}": float(i % 4 == 2 or i % 8 == 1) for i in range(40)}  # 10 tasks up (0 -> 1), 15 down (1 -> 0)
+    res = compare_scores(base, {"a": after}, resamples=2000)
+    g = res["gains"]["a"]
+    diffs = [after[k] - base[k] for k in base]
+    assert g["mean"] == pytest.approx(sum(diffs) / 40) and g["n"] == 40 == res["n"]
+    assert (g["up"], g["down"]) == (10, 15) and g["mean"] == pytest.approx(-5 / 40)
+    assert g["before"] == 0.5 and g["after"] == pytest.approx(sum(after.values()) / 40)
+    assert g["ci95"][0] < g["mean"] < g["ci95"][1]
+    assert "mean" not in res  # one later eval: no mean of several
+    same = compare_scores(base, {"a": dict(base)}, resamples=500)["gains"]["a"]
+    assert same["mean"] == 0.0 and same["ci95"] == [0.0, 0.0] and same["up"] == same["down"] == 0
+    allup = compare_scores({k: 0.0 for k in base}, {"a": {k: 1.0 for k in base}}, resamples=500)["gains"]["a"]
+    assert allup["ci95"][0] == 1.0
+
+
+def test_the_mean_of_seeds_pairs_each_task_s_mean_and_leaves_out_tasks_some_eval_lacks():
+    base = {f"q{i}": 0.0 for i in range(30)}
+    s0 = {f"q{i}": float(i < 12) for i in range(30)}
+    s1 = {f"q{i}": float(6 <= i < 15) for i in range(29)}  # one task fewer: left out of every comparison
+    res = compare_scores(base, {"s0": s0, "s1": s1}, resamples=2000, seed=3)
+    assert res["n"] == 29 and res["left_out"] == {"base": 1, "s0": 1, "s1": 0}
+    m = res["mean"]
+    assert m["evals"] == 2
+    assert m["mean"] == pytest.approx((res["gains"]["s0"]["mean"] + res["gains"]["s1"]["mean"]) / 2)
+    mean_after = [(s0[t] + s1[t]) / 2 for t in sorted(s1)]  # in task-id order, as the bootstrap resamples them
+    assert m == {**paired_bootstrap([0.0] * 29, mean_after, 2000, 3), "before": 0.0, "after": pytest.approx(sum(mean_after) / 29),
+                 "evals": 2}
+    md = compare_markdown({"metric": "em", **res})
+    assert "| mean of 2 |" in md and "left out, scored by only some: base 1, s0 1" in md
+    with pytest.raises(DataError, match="share no task id"):
+        compare_scores({"a": 1.0}, {"x": {"b": 1.0}})
+
+
+def test_seekrl_compare_prints_the_table_and_writes_json(tmp_path, capsys):
+    tasks = [f"q{i}" for i in range(20)]
+    base = write_eval(tmp_path / "sft", {t: [0.0] for t in tasks})
+    s0 = write_eval(tmp_path / "s0", {t: [float(i < 5)] for i, t in enumerate(tasks)})
+    s1 = write_eval(tmp_path / "s1", {t: [float(i < 3)] for i, t in enumerate(tasks)}, nested=True)
+    assert main(["compare", str(base), str(s0), str(s1), "--resamples", "1000", "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"| {s0} | 0.000 | 0.250 | +25.0 |" in out and f"| {s1} | 0.000 | 0.150 | +15.0 |" in out
+    assert "| mean of 2 | 0.000 | 0.200 | +20.0 |" in out and "20 tasks scored by every eval" in out
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert saved == json.loads(json.dumps(compare_evals(base, [s0, s1], resamples=1000)))
+    assert main(["compare", str(base), str(s0), "--metric", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--metric is one of reward, em, f1" in err
+    assert main(["compare", str(base), str(s0), "--resamples", "10"]) == 2
+    assert main(["compare", str(base), str(s0), str(s0)]) == 2
+    assert "given twice" in capsys.readouterr().err
