@@ -94,6 +94,7 @@ def parser() -> argparse.ArgumentParser:
     cm.add_argument("--metric", default="em", help="score/<metric> of each episode (em, f1, accuracy, ...) or reward (default: em)")
     cm.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default: 10000)")
     cm.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default: 0)")
+    cm.add_argument("--per-source", action="store_true", help="also compare each data set (the records' source) on its own")
     cm.add_argument("--json", default=None, help="also write the comparison as JSON to this file")
     cu = sub.add_parser("curriculum", help="measure model.path's pass rate on data.train (data.curriculum_k samples each); "
                         "write the data.curriculum cache that RL then filters by (0 < pass rate < 1)")
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.resamples < 100:
                 print(f"seekrl: error: --resamples {args.resamples} is too few for a 95% interval; use at least 100", file=sys.stderr)
                 return 2
-            res = compare_evals(args.base, args.after, metric=args.metric, resamples=args.resamples, seed=args.seed)
+            res = compare_evals(args.base, args.after, metric=args.metric, resamples=args.resamples, seed=args.seed,
+                                per_source=args.per_source)
             print(compare_markdown(res), end="")
             if args.json:
                 Path(args.json).write_text(json.dumps(res, indent=2))

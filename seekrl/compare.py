@@ -1,12 +1,14 @@
 """`seekrl compare`: is a policy's gain over another real? The paired bootstrap of two evals.
 
-    seekrl compare runs/sft/eval runs/grpo/eval [runs/grpo_s1/eval ...] [--metric em] [--json FILE]
+    seekrl compare runs/sft/eval runs/grpo/eval [runs/grpo_s1/eval ...] [--metric em] [--per-source] [--json FILE]
 
 Each argument is an eval folder (`seekrl eval` writes `<run>/eval/trajectories.jsonl`; a folder
 holding one nested `eval/` is followed) or a trajectories file. A task's score is the mean over
 its samples of `metrics["score/<metric>"]` (em, f1, accuracy, ...; `reward` reads the episode's
-reward), so an eval with eval.n > 1 compares per task, not per sample. The evals are compared on
-the tasks they all scored; the others are counted, not silently dropped.
+reward), so an eval with eval.n > 1 compares per task, not per sample. A task is its data set
+(`source`) and id, so data sets whose ids overlap stay apart. The evals are compared on the tasks
+they all scored; the others are counted, not silently dropped. `--per-source` adds the same
+comparison for each data set of a multi-source eval (Search-R1's table: NQ, HotpotQA, ...).
 
 For each later eval: the mean score before and after, the gain, its 95% percentile interval from
 resampling the tasks (the paired bootstrap: each resample draws tasks with replacement and keeps
@@ -59,17 +61,17 @@ def trajectory_file(path: str | Path) -> Path:
                        "runs/<log.name>/eval/) or a trajectories.jsonl")
 
 
-def task_scores(path: str | Path, metric: str = "em") -> dict[str, float]:
-    """Task id -> the mean over its samples of `score/<metric>` (`reward`: the episode's reward)."""
+def task_scores(path: str | Path, metric: str = "em") -> dict[tuple[str, str], float]:
+    """(source, task id) -> the mean over its samples of `score/<metric>` (`reward`: the episode's reward)."""
     f = trajectory_file(path)
-    sums: dict[str, list[float]] = {}
+    sums: dict[tuple[str, str], list[float]] = {}
     with f.open(encoding="utf-8") as fh:
         for line_no, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-                task_id = str(rec["task_id"])
+                task_id = (str(rec.get("source") or ""), str(rec["task_id"]))
                 value = rec["reward"] if metric == "reward" else rec["metrics"][f"score/{metric}"]
                 value = float(value)
             except json.JSONDecodeError as e:
@@ -87,12 +89,12 @@ def task_scores(path: str | Path, metric: str = "em") -> dict[str, float]:
     return {t: total / n for t, (total, n) in sums.items()}
 
 
-def compare_scores(base: dict[str, float], afters: dict[str, dict[str, float]], resamples: int = 10_000, seed: int = 0) -> dict:
+def compare_scores(base: dict, afters: dict[str, dict], resamples: int = 10_000, seed: int = 0) -> dict:
     """Each later eval's gain over `base` on the tasks every eval scored (module docstring), and
     with two or more, the gain of their task-by-task mean."""
     common = set(base).intersection(*afters.values()) if afters else set(base)
     if not common:
-        raise DataError("the evals share no task id; compare evals of the same questions (data.eval)")
+        raise DataError("the evals share no task (data set and id); compare evals of the same data.eval")
     ids = sorted(common)
     before = [base[i] for i in ids]
     rows = {}
@@ -110,20 +112,37 @@ def compare_scores(base: dict[str, float], afters: dict[str, dict[str, float]], 
     return res
 
 
-def compare_evals(base: str | Path, afters: list[str | Path], metric: str = "em", resamples: int = 10_000, seed: int = 0) -> dict:
-    """`compare_scores` of eval folders or trajectory files."""
+def compare_evals(base: str | Path, afters: list[str | Path], metric: str = "em", resamples: int = 10_000, seed: int = 0,
+                  per_source: bool = False) -> dict:
+    """`compare_scores` of eval folders or trajectory files; with `per_source`, also of each data
+    set that every eval scored (`by_source`)."""
     if not afters:
         raise DataError("give the eval to compare against and at least one later eval")
     names = [str(a) for a in afters]
     if len(set(names)) != len(names):
         raise DataError("the same later eval is given twice; give each seed's eval once")
-    res = compare_scores(task_scores(base, metric), {n: task_scores(n, metric) for n in names}, resamples, seed)
-    return {"metric": metric, "base": str(base), **res}
+    before, after = task_scores(base, metric), {n: task_scores(n, metric) for n in names}
+    res = {"metric": metric, "base": str(base), **compare_scores(before, after, resamples, seed)}
+    if per_source:
+        def of(scores: dict, src: str) -> dict:
+            return {k: v for k, v in scores.items() if k[0] == src}
+
+        shared = {k[0] for k in set(before).intersection(*after.values())}  # the data sets with a task every eval scored
+        res["by_source"] = {src: compare_scores(of(before, src), {n: of(s, src) for n, s in after.items()}, resamples, seed)
+                            for src in sorted(shared)}
+    return res
 
 
 def compare_markdown(res: dict) -> str:
-    """The comparison as a markdown table (scores and gains in points: x 100)."""
-    metric = res.get("metric", "em")
+    """The comparison as a markdown table (scores and gains in points: x 100), then one a data set
+    with `by_source`."""
+    text = _table(res, res.get("metric", "em"))
+    for src, sub in res.get("by_source", {}).items():
+        text += f"\n{src or '(no source)'}:\n\n" + _table(sub, res.get("metric", "em"))
+    return text
+
+
+def _table(res: dict, metric: str) -> str:
     head = f"| eval | {metric} before | {metric} after | gain (points) | 95% CI | up / down |"
     lines = [head, "|---|---|---|---|---|---|"]
     for name, g in res["gains"].items():

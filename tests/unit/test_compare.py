@@ -12,22 +12,27 @@ from seekrl.compare import compare_evals, compare_markdown, compare_scores, pair
 from seekrl.errors import DataError
 
 
-def write_eval(folder, scores: dict[str, list[float]], nested: bool = False):
-    """An eval folder as `seekrl eval` writes it: one record per sample, score/em and score/f1."""
+def write_eval(folder, scores: dict[str, list[float]], nested: bool = False, source: str = "dev"):
+    """An eval folder as `seekrl eval` writes it: one record per sample, score/em and score/f1
+    (a task "src:id" is of data set src)."""
     out = folder / "eval" / ("eval" if nested else "")
     out.mkdir(parents=True, exist_ok=True)
     with (out / "trajectories.jsonl").open("w") as f:
         for task, samples in scores.items():
             for k, em in enumerate(samples):
-                f.write(json.dumps({"task_id": task, "sample": k, "reward": 2 * em, "metrics": {"score/em": em, "score/f1": em / 2}}) + "\n")
+                src, _, tid = task.rpartition(":")
+                f.write(json.dumps({"task_id": tid, "source": src or source, "sample": k, "reward": 2 * em, "metrics": {"score/em": em, "score/f1": em / 2}}) + "\n")
     return folder
 
 
 def test_task_scores_average_each_task_s_samples_and_follow_nested_eval_folders(tmp_path):
     write_eval(tmp_path / "a", {"q1": [1.0, 0.0, 1.0, 1.0], "q2": [0.0, 0.0]}, nested=True)  # log.dir=X log.name=eval
-    assert task_scores(tmp_path / "a") == {"q1": 0.75, "q2": 0.0}
-    assert task_scores(tmp_path / "a", "f1") == {"q1": 0.375, "q2": 0.0}
-    assert task_scores(tmp_path / "a" / "eval" / "eval" / "trajectories.jsonl", "reward") == {"q1": 1.5, "q2": 0.0}
+    assert task_scores(tmp_path / "a") == {("dev", "q1"): 0.75, ("dev", "q2"): 0.0}
+    assert task_scores(tmp_path / "a", "f1") == {("dev", "q1"): 0.375, ("dev", "q2"): 0.0}
+    assert task_scores(tmp_path / "a" / "eval" / "eval" / "trajectories.jsonl", "reward") == {("dev", "q1"): 1.5, ("dev", "q2"): 0.0}
+    # a task is its data set and its id: two data sets' "q1" stay two tasks
+    write_eval(tmp_path / "b", {"nq:q1": [1.0], "hotpotqa:q1": [0.0, 0.0]})
+    assert task_scores(tmp_path / "b") == {("nq", "q1"): 1.0, ("hotpotqa", "q1"): 0.0}
 
 
 def test_an_eval_that_cannot_be_compared_is_one_line_naming_the_file_and_line(tmp_path):
@@ -75,7 +80,7 @@ def test_the_mean_of_seeds_pairs_each_task_s_mean_and_leaves_out_tasks_some_eval
                  "evals": 2}
     md = compare_markdown({"metric": "em", **res})
     assert "| mean of 2 |" in md and "left out, scored by only some: base 1, s0 1" in md
-    with pytest.raises(DataError, match="share no task id"):
+    with pytest.raises(DataError, match="share no task"):
         compare_scores({"a": 1.0}, {"x": {"b": 1.0}})
 
 
@@ -96,3 +101,21 @@ def test_seekrl_compare_prints_the_table_and_writes_json(tmp_path, capsys):
     assert main(["compare", str(base), str(s0), "--resamples", "10"]) == 2
     assert main(["compare", str(base), str(s0), str(s0)]) == 2
     assert "given twice" in capsys.readouterr().err
+
+
+def test_per_source_compares_each_data_set_of_a_multi_source_eval(tmp_path):
+    nq = [f"nq:{i}" for i in range(10)]
+    hp = [f"hotpotqa:{i}" for i in range(10)]  # the same ids as nq's
+    base = write_eval(tmp_path / "sft", {t: [0.0] for t in nq + hp})
+    after = write_eval(tmp_path / "grpo", {**{t: [1.0] for t in nq[:4]}, **{t: [0.0] for t in nq[4:]},
+                                           **{t: [0.0] for t in hp[:9]}})  # hotpotqa:9 not scored: left out
+    res = compare_evals(base, [after], resamples=500, per_source=True)
+    assert res["n"] == 19 and res["left_out"] == {"base": 1, str(after): 0}
+    assert res["gains"][str(after)]["mean"] == pytest.approx(4 / 19)
+    by = res["by_source"]
+    assert list(by) == ["hotpotqa", "nq"]
+    assert by["nq"]["gains"][str(after)]["mean"] == pytest.approx(0.4) and by["nq"]["n"] == 10
+    assert by["hotpotqa"]["gains"][str(after)]["mean"] == 0.0 and by["hotpotqa"]["n"] == 9
+    md = compare_markdown(res)
+    assert "\nnq:\n" in md and "\nhotpotqa:\n" in md and "| +40.0 |" in md
+    assert "by_source" not in compare_evals(base, [after], resamples=500)
