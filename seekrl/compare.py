@@ -58,7 +58,7 @@ def trajectory_file(path: str | Path) -> Path:
             return here / "trajectories.jsonl"
         here = here / "eval"
     raise DataError(f"{path}: no trajectories.jsonl in it or its eval/ folders; give an eval folder (seekrl eval writes "
-                       "runs/<log.name>/eval/) or a trajectories.jsonl")
+                    "runs/<log.name>/eval/) or a trajectories.jsonl")
 
 
 def task_scores(path: str | Path, metric: str = "em") -> dict[tuple[str, str], float]:
@@ -80,7 +80,7 @@ def task_scores(path: str | Path, metric: str = "em") -> dict[tuple[str, str], f
                 have = sorted(k.removeprefix("score/") for k in (rec.get("metrics") or {}) if k.startswith("score/")) \
                     if isinstance(rec, dict) and isinstance(rec.get("metrics"), dict) else []
                 raise DataError(f"{f}:{line_no}: no task_id or no score/{metric}; --metric is one of "
-                                   f"{', '.join(['reward', *have]) or 'reward'}") from None
+                                f"{', '.join(['reward', *have])}") from None
             s = sums.setdefault(task_id, [0.0, 0.0])
             s[0] += value
             s[1] += 1

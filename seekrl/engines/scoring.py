@@ -13,7 +13,8 @@ seekrl (`seekrl serve engine`, servers/engine.py)
 - POST /score {"input_ids": [[...], ...], "start": [s, ...], "temperature": T | [T, ...]} ->
   {"logprobs": [[...], ...], "weight_version"}: for each sequence, the log-probs of its tokens
   `start .. len-1`, each given the tokens before it, `log_softmax(logits / T)[token]` in the
-  server's model (one T, or one a sequence: rows sampled at their own temperature) (the trainer's own scoring code, train/teacher.py `score_completions`).
+  server's model (one T, or one a sequence: rows sampled at their own temperature), by the
+  trainer's own scoring code (train/teacher.py `score_completions`).
 - GET /model_info -> {"vocab_digest", "vocab_size", ...}: `vocab_digest` is `vocab_digest(tokenizer)`,
   compared with the student's before training starts.
 

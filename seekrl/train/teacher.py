@@ -10,8 +10,9 @@ algo/distill.py). Both read the same token ids, so they must share a tokenizer: 
 compares the vocabularies, and the composition root (seekrl/build.py) refuses a teacher whose
 tokenizer differs before training starts.
 
-The teacher scores at the temperature the trainer scores the student at (rollout.temperature;
-a row sampled at its own, rollout.branch_temperature, at that one): with both distributions taken at one temperature, the student that minimises the reverse KL is
+The teacher scores each row at the temperature the trainer scores the student's row at
+(rollout.temperature; a row sampled at its own, rollout.branch_temperature, at that one): with
+both distributions taken at one temperature, the student that minimises the reverse KL is
 the teacher itself (taken at different ones, it would be a sharpened or flattened teacher).
 
 - `LocalTeacher`: a model in the trainer's process, scored by `score_completions`, the trainer's
