@@ -355,8 +355,9 @@ def check_teacher(cfg: Config) -> None:
             raise ConfigError(str(e).replace("model.path", "algo.teacher.path", 1)) from None
     if tc.url is not None:
         _teacher_token(cfg)
-        for key, t in (("rollout.temperature", temperature), ("rollout.branch_temperature", cfg.rollout.branch_temperature)):
-            if tc.api == "vllm" and t is not None and t != 1.0:
+        scored = (("rollout.temperature", temperature), ("rollout.branch_temperature", cfg.rollout.branch_temperature))
+        for key, t in scored if tc.api == "vllm" else ():
+            if t is not None and t != 1.0:
                 raise ConfigError(f"algo.teacher.api=vllm scores at temperature 1 (vLLM's prompt log-probs take no temperature), "
                                   f"the student is scored at {key}={t:g}; set {key}=1 "
                                   "or serve the teacher with seekrl serve engine (algo.teacher.api=seekrl)")

@@ -23,7 +23,6 @@ malformed line, a metric it lacks) is one `DataError` line naming its file and l
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from seekrl.errors import DataError
@@ -63,27 +62,22 @@ def trajectory_file(path: str | Path) -> Path:
 
 def task_scores(path: str | Path, metric: str = "em") -> dict[tuple[str, str], float]:
     """(source, task id) -> the mean over its samples of `score/<metric>` (`reward`: the episode's reward)."""
+    from seekrl.data.loaders import read_rows  # JSON lines, a bad one named by file:line
+
     f = trajectory_file(path)
     sums: dict[tuple[str, str], list[float]] = {}
-    with f.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                task_id = (str(rec.get("source") or ""), str(rec["task_id"]))
-                value = rec["reward"] if metric == "reward" else rec["metrics"][f"score/{metric}"]
-                value = float(value)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{f}:{line_no}: not JSON ({e.msg}); the file is not a seekrl eval's trajectories") from None
-            except (KeyError, TypeError, ValueError):
-                have = sorted(k.removeprefix("score/") for k in (rec.get("metrics") or {}) if k.startswith("score/")) \
-                    if isinstance(rec, dict) and isinstance(rec.get("metrics"), dict) else []
-                raise DataError(f"{f}:{line_no}: no task_id or no score/{metric}; --metric is one of "
-                                f"{', '.join(['reward', *have])}") from None
-            s = sums.setdefault(task_id, [0.0, 0.0])
-            s[0] += value
-            s[1] += 1
+    for line_no, rec in read_rows(f, "jsonl"):
+        try:
+            task_id = (str(rec.get("source") or ""), str(rec["task_id"]))
+            value = float(rec["reward"] if metric == "reward" else rec["metrics"][f"score/{metric}"])
+        except (KeyError, TypeError, ValueError):
+            metrics = rec.get("metrics") if isinstance(rec.get("metrics"), dict) else {}
+            have = sorted(k.removeprefix("score/") for k in metrics if k.startswith("score/"))
+            raise DataError(f"{f}:{line_no}: no task_id or no score/{metric}; --metric is one of "
+                            f"{', '.join(['reward', *have])}") from None
+        s = sums.setdefault(task_id, [0.0, 0.0])
+        s[0] += value
+        s[1] += 1
     if not sums:
         raise DataError(f"{f}: no episodes; run seekrl eval first")
     return {t: total / n for t, (total, n) in sums.items()}

@@ -474,7 +474,7 @@ def make_app(
             plan = MicroBatchPlan(SCORE_TOKEN_BUDGET, tokenizer.pad_token_id or 0, next(model.parameters()).device,
                                   share_prefix=can_share_prefix(model))
             batch = scoring_batch([seqs[i] for i in todo], [starts[i] for i in todo], [temps[i] for i in todo])
-            logp_BC = score_completions(model, plan, batch, temps[todo[0]])
+            logp_BC = score_completions(model, plan, batch, temps[todo[0]])  # mixed temperatures ride on the batch's rows
             for k, i in enumerate(todo):
                 rows[i] = logp_BC[k, : len(seqs[i]) - starts[i]].tolist()
         return rows

@@ -254,9 +254,10 @@ def trained_hidden(model, mb: MicroBatch, where_BC: torch.Tensor | None = None) 
     return hidden_BCH[where_BC], mb.target_ids_BC[where_BC], where_BC
 
 
-def row_temperatures(mb: MicroBatch, temperature: float) -> torch.Tensor | None:
-    """Each row's scoring temperature `(B,)` when some row of `mb` was sampled at its own
-    (`MicroBatch.temperature_B`; the others at `temperature`), <= 0 read as 1; None when none was."""
+def row_temperatures(mb: MicroBatch | TokenBatch, temperature: float) -> torch.Tensor | None:
+    """Each row's scoring temperature `(B,)` when some row of `mb` (a micro-batch, or a whole batch:
+    the remote teacher's) was sampled at its own (`temperature_B`; the others at `temperature`),
+    <= 0 read as 1; None when none was."""
     if mb.temperature_B is None:
         return None
     t_B = torch.where(mb.temperature_B.isnan(), torch.full_like(mb.temperature_B, temperature), mb.temperature_B)

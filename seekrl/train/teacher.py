@@ -30,7 +30,6 @@ the teacher itself (taken at different ones, it would be a sharpened or flattene
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -41,7 +40,7 @@ from seekrl.errors import EngineUnavailable, SeekrlError
 from seekrl.models import unwrap_peft
 from seekrl.parallel.ranks import Ranks
 from seekrl.train.batch import TokenBatch, pad_completion
-from seekrl.train.batching import can_share_prefix, completion_logprobs
+from seekrl.train.batching import can_share_prefix, completion_logprobs, row_temperatures
 from seekrl.train.config import TrainConfig
 from seekrl.train.packing import can_pack
 from seekrl.train.plan import MicroBatchPlan
@@ -114,7 +113,8 @@ class RemoteTeacher:
         answer: dict | None = None
         if self.ranks.is_main:
             try:
-                answer = {"rows": self.client.score(seqs, starts, self.row_temperatures(batch))}
+                t_B = row_temperatures(batch, self.temperature)  # rows sampled at their own (answer branches)
+                answer = {"rows": self.client.score(seqs, starts, self.temperature if t_B is None else t_B.tolist())}
             except SeekrlError as e:
                 if not self.ranks.distributed:
                     raise
@@ -123,13 +123,6 @@ class RemoteTeacher:
         if "error" in answer:  # rank 0 raised it; the others stop with the same line
             raise EngineUnavailable(answer["error"])
         return pad_completion(answer["rows"], batch.width)
-
-    def row_temperatures(self, batch: TokenBatch) -> float | list[float]:
-        """The temperature each row is scored at: its own where it was sampled at one
-        (`TokenBatch.temperature_B`, rollout.branch_temperature), the run's elsewhere."""
-        if batch.temperature_B is None:
-            return self.temperature
-        return [self.temperature if math.isnan(t) else t for t in batch.temperature_B.tolist()]
 
     def close(self) -> None:
         if self.client is not None:

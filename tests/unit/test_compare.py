@@ -40,7 +40,7 @@ def test_an_eval_that_cannot_be_compared_is_one_line_naming_the_file_and_line(tm
     with pytest.raises(DataError, match="no score/xyz; --metric is one of reward, em, f1$"):
         task_scores(f, "xyz")
     f.write_text(f.read_text() + "{not json\n")
-    with pytest.raises(DataError, match=rf"{f}:3: not JSON"):
+    with pytest.raises(DataError, match=rf"{f}:3: row is not valid JSON"):
         task_scores(f)
     with pytest.raises(DataError, match="no trajectories.jsonl"):
         task_scores(tmp_path / "missing")
