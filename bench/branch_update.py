@@ -17,6 +17,13 @@ answer of about `--answer` tokens):
   the lifting turned off (the code before it);
 - `branches, history lifted`: the same batch, as the trainer runs it now.
 
+With `--minibatches M` (> 1) two more arms run the lifted batch in M optimizer steps
+(`train.minibatches=M`, old log-probs from the no-gradient pass): `M minibatches of rows`
+(every row its own group, so the split cuts across tasks and episodes: the layout before
+minibatches were made of whole groups) and `M minibatches of whole groups` (train/optim.py
+`minibatch_indices`, as the trainer runs it now). Their decoder tokens count every minibatch's
+micro-batches, so an episode whose branches land in two minibatches counts its history twice.
+
 Each arm: `PolicyTrainer.update` (train.micro_batch_tokens, packing and shared prefixes as the
 recipe sets them; `--freeze` lower layers frozen, fp32), median of `--steps` after a warm-up,
 and the tokens the decoder ran (prefixes once per micro-batch, plus the rest of each completion).
@@ -73,10 +80,11 @@ def episodes(args, rng: random.Random, vocab: int, n_per_question: int, branches
     return out
 
 
-def decoder_tokens(plan, batch) -> int:
-    """Tokens the decoder runs for `batch` under `plan` (prefix and rest, or packed, or padded)."""
+def decoder_tokens(plan, batch, index: list[int] | None = None) -> int:
+    """Tokens the decoder runs for rows `index` (all) of `batch` under `plan` (prefix and rest, or
+    packed, or padded)."""
     total = 0
-    for mb in plan.micro_batches(batch, list(range(len(batch)))):
+    for mb in plan.micro_batches(batch, list(range(len(batch))) if index is None else index):
         if mb.packed is not None:
             parts = [mb.packed.prompts, mb.packed.completions] if hasattr(mb.packed, "completions") else [mb.packed.seqs]
             total += sum(p.ids_RL.numel() for p in parts)
@@ -88,7 +96,7 @@ def decoder_tokens(plan, batch) -> int:
     return total
 
 
-def measure(args, name: str, trajs, model, tok, lift: bool) -> dict:
+def measure(args, name: str, trajs, model, tok, lift: bool, minibatches: int = 1, whole_groups: bool = True) -> dict:
     import torch
 
     import seekrl.train.batching as batching
@@ -104,22 +112,39 @@ def measure(args, name: str, trajs, model, tok, lift: bool) -> dict:
     try:
         cfg = Config()
         cfg.train.lr, cfg.train.micro_batch_tokens = 1e-6, args.micro_batch_tokens
+        cfg.train.minibatches = minibatches
         rng = random.Random(1)
         trainer = policy_trainer(cfg, model, tok.pad_token_id, total_steps=args.steps + 1)
         trainer.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # every arm scores the same weights
-        batch = TokenBatch.from_trajectories(trajs)
+        batch = TokenBatch.from_trajectories(trajs, [int(t.task.id) for t in trajs])  # a group a question, as the rollout numbers them
+        if not whole_groups:  # every row its own group: the split cuts across tasks
+            batch.group_ids_B = torch.arange(len(batch))
         batch.adv_BC = pad_completion([[rng.uniform(-1, 1)] * len(t.completion_ids) for t in trajs], batch.width)
         batch.old_logp_BC = None  # one optimizer step: the old log-probs come from the update's own pass (the recipe)
         t0 = time.perf_counter()
         logp = trainer.logprobs(batch)
         logprob_s = time.perf_counter() - t0
+        if minibatches > 1:  # several optimizer steps: the old log-probs are the no-gradient pass's
+            batch.old_logp_BC = logp
+        split = type(trainer.plan).micro_batches
+        ran: list[list[int]] = []
+
+        def record(plan, b, index):
+            ran.append(list(index))
+            return split(plan, b, index)
+
+        type(trainer.plan).micro_batches = record
         times = []
-        for i in range(args.steps + 1):
-            t0 = time.perf_counter()
-            trainer.update(batch, StatsTracker())
-            if i:  # the first is a warm-up
-                times.append(time.perf_counter() - t0)
-        tokens = decoder_tokens(trainer.plan, batch)
+        try:
+            for i in range(args.steps + 1):
+                ran.clear()
+                t0 = time.perf_counter()
+                trainer.update(batch, StatsTracker())
+                if i:  # the first is a warm-up
+                    times.append(time.perf_counter() - t0)
+        finally:
+            type(trainer.plan).micro_batches = split
+        tokens = sum(decoder_tokens(trainer.plan, batch, index) for index in ran)  # the last update's minibatches
     finally:
         batching.lifted_prefixes = plan_mod.lifted_prefixes = real
     trained = batch.loss_mask_BC > 0
@@ -143,6 +168,7 @@ def main() -> None:
     p.add_argument("--freeze", type=int, default=15, help="model.freeze_layers (the recipe: 15)")
     p.add_argument("--micro-batch-tokens", type=int, default=2048, help="train.micro_batch_tokens (the recipe: 2048)")
     p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--minibatches", type=int, default=1, help="M > 1: two more arms in M optimizer steps (rows / whole groups)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     import torch
@@ -157,9 +183,14 @@ def main() -> None:
     arms = [("episodes", episodes(args, random.Random(0), vocab, args.group, 1), True)]
     branched = episodes(args, random.Random(0), vocab, args.branch_group, K)
     arms += [("branches, history repeated", branched, False), ("branches, history lifted", branched, True)]
+    arms = [(name, trajs, lift, 1, True) for name, trajs, lift in arms]
+    M = args.minibatches
+    if M > 1:
+        arms += [(f"branches, lifted, {M} minibatches of rows", branched, True, M, False),
+                 (f"branches, lifted, {M} minibatches of whole groups", branched, True, M, True)]
     rows = []
-    for name, trajs, lift in arms:
-        rows.append(measure(args, name, trajs, model, tok, lift))
+    for name, trajs, lift, minibatches, whole in arms:
+        rows.append(measure(args, name, trajs, model, tok, lift, minibatches, whole))
         r = rows[-1]
         print(f"{name}: {r['rows']} rows, update {r['update_s']:.2f} s, old log-prob pass {r['logprob_s']:.2f} s", flush=True)
     gap = float((rows[1]["_logp"] - rows[2]["_logp"]).abs().max())

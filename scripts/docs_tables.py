@@ -84,7 +84,7 @@ def _leaf(p: argparse.ArgumentParser, name: str, help_text: str) -> str:
             args.append({"*": f"[{d} ...]", "?": f"[{d}]", "+": f"{d} [{d} ...]"}.get(a.nargs, d))
         else:
             flag = a.option_strings[-1]
-            value = "" if a.nargs == 0 else " " + ("\\|".join(map(str, a.choices)) if a.choices else a.dest.upper())
+            value = "" if a.nargs == 0 else " " + ("\\|".join(map(str, a.choices)) if a.choices else a.metavar or a.dest.upper())
             args.append(f"{flag}{value}" if a.required else f"[{flag}{value}]")
     text = help_text.replace("%%", "%")  # argparse's escape
     return f"| `{name}` | `{' '.join(args)}` | {text.replace('|', chr(92) + '|')} |"

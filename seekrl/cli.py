@@ -95,6 +95,10 @@ def parser() -> argparse.ArgumentParser:
     cm.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default: 10000)")
     cm.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default: 0)")
     cm.add_argument("--per-source", action="store_true", help="also compare each data set (the records' source) on its own")
+    cm.add_argument("--by", default=None, metavar="FIELD", help="also compare each value of this field of the tasks' rows "
+                    "(HotpotQA: type, level; dotted for a nested field)")
+    cm.add_argument("--tasks", default=None, metavar="SPEC", help="with --by: the data the evals ran on (a file or data "
+                    "name; default: data.eval of the config.yaml beside the base eval's trajectories)")
     cm.add_argument("--json", default=None, help="also write the comparison as JSON to this file")
     cu = sub.add_parser("curriculum", help="measure model.path's pass rate on data.train (data.curriculum_k samples each); "
                         "write the data.curriculum cache that RL then filters by (0 < pass rate < 1)")
@@ -131,6 +135,27 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("run_dir", help="run folder (runs/<log.name>)")
     rp.add_argument("--out", default=None, help="HTML file to write (default: RUN_DIR/report.html)")
     return p
+
+
+def _compare_tasks(base: str, spec: str | None) -> tuple[list, str]:
+    """`seekrl compare --by`'s tasks: `--tasks SPEC`, else the data.eval of the base eval's saved
+    config, read as `seekrl eval` read it."""
+    from seekrl.compare import trajectory_file
+    from seekrl.data.loaders import load_tasks
+    from seekrl.errors import DataError
+
+    if spec:
+        return load_tasks(spec), spec
+    from seekrl.config import load_config
+    from seekrl.data.sets import load_split
+
+    saved = trajectory_file(base).parent / "config.yaml"
+    if not saved.is_file():
+        raise DataError(f"{saved}: no config.yaml beside the base eval's trajectories; give --tasks the data the evals ran on")
+    d = load_config(saved).data
+    if not d.eval:
+        raise DataError(f"{saved}: no data.eval; give --tasks the data the evals ran on")
+    return load_split(d.eval, d, "test", d.max_eval), f"data.eval of {saved}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.resamples < 100:
                 print(f"seekrl: error: --resamples {args.resamples} is too few for a 95% interval; use at least 100", file=sys.stderr)
                 return 2
+            tasks, tasks_from = _compare_tasks(args.base, args.tasks) if args.by else (None, "")
             res = compare_evals(args.base, args.after, metric=args.metric, resamples=args.resamples, seed=args.seed,
-                                per_source=args.per_source)
+                                per_source=args.per_source, by=args.by, tasks=tasks, tasks_from=tasks_from)
             print(compare_markdown(res), end="")
             if args.json:
                 Path(args.json).write_text(json.dumps(res, indent=2))

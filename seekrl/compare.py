@@ -1,6 +1,6 @@
 """`seekrl compare`: is a policy's gain over another real? The paired bootstrap of two evals.
 
-    seekrl compare runs/sft/eval runs/grpo/eval [runs/grpo_s1/eval ...] [--metric em] [--per-source] [--json FILE]
+    seekrl compare runs/sft/eval runs/grpo/eval [runs/grpo_s1/eval ...] [--metric em] [--per-source] [--by FIELD] [--json FILE]
 
 Each argument is an eval folder (`seekrl eval` writes `<run>/eval/trajectories.jsonl`; a folder
 holding one nested `eval/` is followed) or a trajectories file. A task's score is the mean over
@@ -8,7 +8,10 @@ its samples of `metrics["score/<metric>"]` (em, f1, accuracy, ...; `reward` read
 reward), so an eval with eval.n > 1 compares per task, not per sample. A task is its data set
 (`source`) and id, so data sets whose ids overlap stay apart. The evals are compared on the tasks
 they all scored; the others are counted, not silently dropped. `--per-source` adds the same
-comparison for each data set of a multi-source eval (Search-R1's table: NQ, HotpotQA, ...).
+comparison for each data set of a multi-source eval (Search-R1's table: NQ, HotpotQA, ...);
+`--by FIELD` adds it for each value of a field of the tasks' rows (HotpotQA's `type`: bridge and
+comparison questions; `level`; a dotted path such as `extra_info.split`), read from the data the
+evals ran on (the base eval's config.yaml `data.eval`, or `--tasks SPEC`).
 
 For each later eval: the mean score before and after, the gain, its 95% percentile interval from
 resampling the tasks (the paired bootstrap: each resample draws tasks with replacement and keeps
@@ -24,11 +27,15 @@ malformed line, a metric it lacks) is one `DataError` line naming its file and l
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 from seekrl.errors import DataError
+from seekrl.types import Task
 
-__all__ = ["paired_bootstrap", "trajectory_file", "task_scores", "compare_scores", "compare_evals",
+__all__ = ["paired_bootstrap", "trajectory_file", "task_scores", "task_labels", "compare_scores", "compare_evals",
            "compare_markdown"]
+
+TaskKey = tuple[str, str]  # (data set, task id)
 
 
 def paired_bootstrap(before: list[float], after: list[float], n: int = 10_000, seed: int = 0) -> dict:
@@ -83,6 +90,39 @@ def task_scores(path: str | Path, metric: str = "em") -> dict[tuple[str, str], f
     return {t: total / n for t, (total, n) in sums.items()}
 
 
+def task_labels(tasks: list[Task], field: str) -> Callable[[TaskKey], str | None]:
+    """(data set, task id) -> the value of `field` in the task's row (`Task.meta`; dotted for a
+    nested field) as text, "(none)" where the row lacks it, None for a task not in `tasks`. A task
+    is found by its data set and id, else by its id alone where that id is unique in `tasks` (a
+    data file given under another name than the eval's)."""
+
+    def value(meta: dict) -> Any:
+        for part in field.split("."):
+            if not isinstance(meta, dict) or part not in meta:
+                return None
+            meta = meta[part]
+        return meta
+
+    by_key = {(t.source, t.id): value(t.meta) for t in tasks}
+    if all(v is None for v in by_key.values()):
+        have = sorted({k for t in tasks for k in t.meta})
+        raise DataError(f"no task has a field {field!r}; --by is one of the rows' fields: {', '.join(have) or '(none)'}")
+    ids: dict[str, list[Any]] = {}
+    for (_, tid), v in by_key.items():
+        ids.setdefault(tid, []).append(v)
+
+    def label(key: TaskKey) -> str | None:
+        if key in by_key:
+            v = by_key[key]
+        elif len(ids.get(key[1], ())) == 1:
+            v = ids[key[1]][0]
+        else:
+            return None
+        return "(none)" if v is None else str(v)
+
+    return label
+
+
 def compare_scores(base: dict, afters: dict[str, dict], resamples: int = 10_000, seed: int = 0) -> dict:
     """Each later eval's gain over `base` on the tasks every eval scored (module docstring), and
     with two or more, the gain of their task-by-task mean."""
@@ -106,10 +146,26 @@ def compare_scores(base: dict, afters: dict[str, dict], resamples: int = 10_000,
     return res
 
 
+def _grouped(before: dict, after: dict[str, dict], label: Callable[[TaskKey], str | None], resamples: int,
+             seed: int) -> dict[str, dict]:
+    """`compare_scores` of each group (label) of the tasks every eval scored; label None: no group."""
+    shared = set(before).intersection(*after.values())
+    labels = {k: label(k) for k in set(before).union(*after.values())}
+
+    def of(scores: dict, lab: str) -> dict:
+        return {k: v for k, v in scores.items() if labels[k] == lab}
+
+    return {lab: compare_scores(of(before, lab), {n: of(s, lab) for n, s in after.items()}, resamples, seed)
+            for lab in sorted({labels[k] for k in shared} - {None})}
+
+
 def compare_evals(base: str | Path, afters: list[str | Path], metric: str = "em", resamples: int = 10_000, seed: int = 0,
-                  per_source: bool = False) -> dict:
+                  per_source: bool = False, by: str | None = None, tasks: list[Task] | None = None,
+                  tasks_from: str = "") -> dict:
     """`compare_scores` of eval folders or trajectory files; with `per_source`, also of each data
-    set that every eval scored (`by_source`)."""
+    set that every eval scored (`by_source`); with `by`, of each value of that field of `tasks`'
+    rows (`by_field`: `field`, `tasks` (`tasks_from`, where they were read), `groups`, and
+    `not_in_tasks`: the compared tasks the rows lack)."""
     if not afters:
         raise DataError("give the eval to compare against and at least one later eval")
     names = [str(a) for a in afters]
@@ -118,21 +174,34 @@ def compare_evals(base: str | Path, afters: list[str | Path], metric: str = "em"
     before, after = task_scores(base, metric), {n: task_scores(n, metric) for n in names}
     res = {"metric": metric, "base": str(base), **compare_scores(before, after, resamples, seed)}
     if per_source:
-        def of(scores: dict, src: str) -> dict:
-            return {k: v for k, v in scores.items() if k[0] == src}
-
-        shared = {k[0] for k in set(before).intersection(*after.values())}  # the data sets with a task every eval scored
-        res["by_source"] = {src: compare_scores(of(before, src), {n: of(s, src) for n, s in after.items()}, resamples, seed)
-                            for src in sorted(shared)}
+        res["by_source"] = _grouped(before, after, lambda k: k[0], resamples, seed)
+    if by:
+        if not tasks:
+            raise DataError(f"--by {by} needs the tasks' rows: give --tasks the data the evals ran on")
+        label = task_labels(tasks, by)
+        shared = set(before).intersection(*after.values())
+        missing = sum(label(k) is None for k in shared)
+        if missing == len(shared):
+            raise DataError(f"none of the {len(shared)} compared tasks is in {tasks_from or 'the tasks given'}; "
+                            "give --tasks the data.eval the evals ran on")
+        res["by_field"] = {"field": by, "tasks": tasks_from, "not_in_tasks": missing,
+                           "groups": _grouped(before, after, label, resamples, seed)}
     return res
 
 
 def compare_markdown(res: dict) -> str:
     """The comparison as a markdown table (scores and gains in points: x 100), then one a data set
-    with `by_source`."""
-    text = _table(res, res.get("metric", "em"))
+    with `by_source`, one a value of the field with `by_field`."""
+    metric = res.get("metric", "em")
+    text = _table(res, metric)
     for src, sub in res.get("by_source", {}).items():
-        text += f"\n{src or '(no source)'}:\n\n" + _table(sub, res.get("metric", "em"))
+        text += f"\n{src or '(no source)'}:\n\n" + _table(sub, metric)
+    by = res.get("by_field")
+    if by:
+        for value, sub in by["groups"].items():
+            text += f"\n{by['field']} = {value}:\n\n" + _table(sub, metric)
+        if by["not_in_tasks"]:
+            text += f"\n{by['not_in_tasks']} compared tasks are not in {by['tasks'] or 'the tasks'}: in no {by['field']} table\n"
     return text
 
 

@@ -33,7 +33,7 @@ class TrainConfig:
     ppo_epochs: Annotated[int, Range(ge=1)] = 1
     """Passes over each batch."""
     minibatches: Annotated[int, Range(ge=1)] = 1
-    """Optimizer steps per epoch (the batch is split into this many minibatches)."""
+    """Optimizer steps per epoch (the batch is split into this many minibatches, each of whole groups: a task's rows together)."""
     micro_batch_tokens: Annotated[int, Range(ge=1)] = 8192
     """Token budget of one forward/backward micro-batch (padded tokens)."""
     share_prefix: bool = True

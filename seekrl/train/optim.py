@@ -114,13 +114,28 @@ def make_optimizer(params, lr: float, t: TrainConfig, total_steps: int):
     return opt, sched
 
 
-def minibatch_indices(n: int, epochs: int, minibatches: int, gen: torch.Generator) -> Iterator[tuple[int, list[int]]]:
-    """(epoch, indices) for each optimizer step; reshuffled per epoch when there are several minibatches."""
-    size = n // minibatches
+def minibatch_indices(n: int, epochs: int, minibatches: int, gen: torch.Generator,
+                      groups: list[int] | None = None) -> Iterator[tuple[int, list[int]]]:
+    """(epoch, indices) for each optimizer step; reshuffled per epoch when there are several minibatches.
+
+    With `groups` (each row's group: `TokenBatch.group_ids_B`) a minibatch is made of whole groups,
+    as verl counts `ppo_mini_batch_size` in prompts: a task's rows, which share its prompt and
+    (answer branches) an episode's history, stay in one minibatch, so the shared-prefix layout
+    still runs that prefix once, and the groups are dealt out as evenly as their number allows.
+    Fewer groups than minibatches: rows are split as without `groups`."""
+    units = [[i] for i in range(n)]
+    if groups is not None:
+        by_group: dict[int, list[int]] = {}
+        for i, g in enumerate(groups):
+            by_group.setdefault(g, []).append(i)
+        if len(by_group) >= minibatches:
+            units = list(by_group.values())
+    u = len(units)
     for epoch in range(epochs):
-        perm = torch.randperm(n, generator=gen).tolist() if minibatches > 1 else list(range(n))
+        order = torch.randperm(u, generator=gen).tolist() if minibatches > 1 else list(range(u))
         for k in range(minibatches):
-            yield epoch, perm[k * size : (k + 1) * size] if k < minibatches - 1 else perm[k * size :]
+            chunk = order[k * u // minibatches : (k + 1) * u // minibatches]
+            yield epoch, sorted(i for j in chunk for i in units[j]) if groups is not None else [units[j][0] for j in chunk]
 
 
 def finite_everywhere(finite: bool, guard: NonFiniteGuard, ranks: Ranks) -> bool:

@@ -116,7 +116,7 @@ class PolicyTrainer:
                              "(train.ppo_epochs=1, train.minibatches=1); recompute them first (trainer.logprobs)")
         mask_BC = batch.train_mask_BC(self.algo.mask_truncated)
         self.model.train()
-        for _, idx in minibatch_indices(len(batch), t.ppo_epochs, t.minibatches, self.gen):
+        for _, idx in minibatch_indices(len(batch), t.ppo_epochs, t.minibatches, self.gen, batch.group_ids_B.tolist()):
             mini = _minibatch(idx, mask_BC)
             if mini.tokens == 0:
                 stats.add(skipped_minibatches=1.0)
@@ -248,7 +248,7 @@ class CriticTrainer:
         guard = guard if guard is not None else self.guard
         mask_all = batch.train_mask_BC(self.algo.mask_truncated)
         self.model.train()
-        for _, idx in minibatch_indices(len(batch), t.ppo_epochs, t.minibatches, self.gen):
+        for _, idx in minibatch_indices(len(batch), t.ppo_epochs, t.minibatches, self.gen, batch.group_ids_B.tolist()):
             mini = _minibatch(idx, mask_all)
             if mini.tokens == 0:
                 continue

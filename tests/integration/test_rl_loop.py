@@ -77,7 +77,9 @@ def test_ppo_raises_reward(tmp_path):
     start = _mean(rows, "reward/mean", range(1, 6))
     end = _mean(rows, "reward/mean", range(51, 61))
     assert start < 0.12
-    assert end > start + 0.25, f"PPO did not learn: reward {start:.3f} -> {end:.3f}"
+    # measured gains over train.seed 0, 1, 2: +0.18 to +0.36 (minibatches of rows, before 2026-11-29), +0.19 to +0.26
+    # (minibatches of whole groups); at train.lr=1e-12 (no learning) 0.040 -> 0.036
+    assert end > start + 0.15, f"PPO did not learn: reward {start:.3f} -> {end:.3f}"
     assert "loss/value" in rows[-1] and "critic/explained_var" in rows[-1]
     assert undocumented({k for r in rows for k in r}) == []
 

@@ -119,3 +119,49 @@ def test_per_source_compares_each_data_set_of_a_multi_source_eval(tmp_path):
     md = compare_markdown(res)
     assert "\nnq:\n" in md and "\nhotpotqa:\n" in md and "| +40.0 |" in md
     assert "by_source" not in compare_evals(base, [after], resamples=500)
+
+
+def test_by_compares_each_value_of_a_field_of_the_tasks_rows(tmp_path, capsys):
+    """`--by type`: one table a question type, read from the rows the evals ran on (the base
+    eval's saved data.eval by default, or --tasks); rows lacking the field are "(none)"."""
+    rows = [{"_id": f"q{i}", "question": f"question {i}?", "answer": "x", "type": "bridge" if i < 12 else "comparison",
+             "level": {"hard": "h"} if i % 2 else {}} for i in range(20)]
+    rows.append({"_id": "q20", "question": "q?", "answer": "x"})  # no type
+    data = tmp_path / "dev.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ids = [f"q{i}" for i in range(21)]
+    base = write_eval(tmp_path / "sft", {t: [0.0] for t in ids})
+    after = write_eval(tmp_path / "grpo", {t: [float(i < 3 or i >= 18)] for i, t in enumerate(ids)})  # 3 bridge, 2 comparison, q20
+    (base / "eval" / "config.yaml").write_text(f"data:\n  eval: {data}\n")
+    from seekrl.data.loaders import load_tasks
+
+    res = compare_evals(base, [after], resamples=500, by="type", tasks=load_tasks(data), tasks_from=str(data))
+    groups = res["by_field"]["groups"]
+    assert list(groups) == ["(none)", "bridge", "comparison"] and res["by_field"]["not_in_tasks"] == 0
+    assert groups["bridge"]["n"] == 12 and groups["bridge"]["gains"][str(after)]["mean"] == pytest.approx(3 / 12)
+    assert groups["comparison"]["n"] == 8 and groups["comparison"]["gains"][str(after)]["mean"] == pytest.approx(2 / 8)
+    assert groups["(none)"]["n"] == 1
+    nested = compare_evals(base, [after], resamples=500, by="level.hard", tasks=load_tasks(data))["by_field"]["groups"]
+    assert {k: v["n"] for k, v in nested.items()} == {"(none)": 11, "h": 10}
+    # the evals' source is "dev" and the file's stem "dev": found by data set and id; a file under
+    # another name is found by id alone, and tasks it lacks are counted, not grouped
+    other = tmp_path / "renamed.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows[:15]))
+    part = compare_evals(base, [after], resamples=500, by="type", tasks=load_tasks(other))["by_field"]
+    assert part["not_in_tasks"] == 6 and {k: v["n"] for k, v in part["groups"].items()} == {"bridge": 12, "comparison": 3}
+
+    assert main(["compare", str(base), str(after), "--by", "type", "--resamples", "500"]) == 0  # data.eval of the saved config
+    out = capsys.readouterr().out
+    assert "\ntype = bridge:\n" in out and "| +25.0 |" in out and "\ntype = comparison:\n" in out
+    assert main(["compare", str(base), str(after), "--by", "type", "--tasks", str(other), "--resamples", "500"]) == 0
+    assert "6 compared tasks are not in" in capsys.readouterr().out
+    assert main(["compare", str(base), str(after), "--by", "typ"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no task has a field 'typ'; --by is one of the rows' fields: _id, level, type" in err
+    (base / "eval" / "config.yaml").unlink()
+    assert main(["compare", str(base), str(after), "--by", "type"]) == 2
+    assert "no config.yaml beside the base eval's trajectories; give --tasks" in capsys.readouterr().err
+    unrelated = tmp_path / "unrelated.jsonl"
+    unrelated.write_text(json.dumps({"_id": "z", "question": "q?", "answer": "x", "type": "bridge"}) + "\n")
+    assert main(["compare", str(base), str(after), "--by", "type", "--tasks", str(unrelated)]) == 2
+    assert "none of the 21 compared tasks is in" in capsys.readouterr().err
