@@ -95,6 +95,8 @@ def parser() -> argparse.ArgumentParser:
     cm.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default: 10000)")
     cm.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default: 0)")
     cm.add_argument("--per-source", action="store_true", help="also compare each data set (the records' source) on its own")
+    cm.add_argument("--match", default="task", choices=["task", "id"], help="pair a task by its data set and id "
+                    "(default) or by id alone: the same questions read from files of different names")
     cm.add_argument("--by", default=None, metavar="FIELD", help="also compare each value of this field of the tasks' rows "
                     "(HotpotQA: type, level; dotted for a nested field)")
     cm.add_argument("--tasks", default=None, metavar="SPEC", help="with --by: the data the evals ran on (a file or data "
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             tasks, tasks_from = _compare_tasks(args.base, args.tasks) if args.by else (None, "")
             res = compare_evals(args.base, args.after, metric=args.metric, resamples=args.resamples, seed=args.seed,
-                                per_source=args.per_source, by=args.by, tasks=tasks, tasks_from=tasks_from)
+                                per_source=args.per_source, by=args.by, tasks=tasks, tasks_from=tasks_from, match=args.match)
             print(compare_markdown(res), end="")
             if args.json:
                 Path(args.json).write_text(json.dumps(res, indent=2))

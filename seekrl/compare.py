@@ -7,7 +7,8 @@ holding one nested `eval/` is followed) or a trajectories file. A task's score i
 its samples of `metrics["score/<metric>"]` (em, f1, accuracy, ...; `reward` reads the episode's
 reward), so an eval with eval.n > 1 compares per task, not per sample. A task is its data set
 (`source`) and id, so data sets whose ids overlap stay apart. The evals are compared on the tasks
-they all scored; the others are counted, not silently dropped. `--per-source` adds the same
+they all scored; the others are counted, not silently dropped (`--match id` pairs by id alone:
+the same questions read from files of different names). `--per-source` adds the same
 comparison for each data set of a multi-source eval (Search-R1's table: NQ, HotpotQA, ...);
 `--by FIELD` adds it for each value of a field of the tasks' rows (HotpotQA's `type`: bridge and
 comparison questions; `level`; a dotted path such as `extra_info.split`), read from the data the
@@ -67,12 +68,15 @@ def trajectory_file(path: str | Path) -> Path:
                     "runs/<log.name>/eval/) or a trajectories.jsonl")
 
 
-def task_scores(path: str | Path, metric: str = "em") -> dict[tuple[str, str], float]:
-    """(source, task id) -> the mean over its samples of `score/<metric>` (`reward`: the episode's reward)."""
+def task_scores(path: str | Path, metric: str = "em", match: str = "task") -> dict[tuple[str, str], float]:
+    """(source, task id) -> the mean over its samples of `score/<metric>` (`reward`: the episode's
+    reward). `match="id"`: keyed ("", task id), for evals of the same questions read from files of
+    different names (an id in two data sets of one eval is then a DataError)."""
     from seekrl.data.loaders import read_rows  # JSON lines, a bad one named by file:line
 
     f = trajectory_file(path)
     sums: dict[tuple[str, str], list[float]] = {}
+    sources: dict[str, str] = {}
     for line_no, rec in read_rows(f, "jsonl"):
         try:
             task_id = (str(rec.get("source") or ""), str(rec["task_id"]))
@@ -82,6 +86,11 @@ def task_scores(path: str | Path, metric: str = "em") -> dict[tuple[str, str], f
             have = sorted(k.removeprefix("score/") for k in metrics if k.startswith("score/"))
             raise DataError(f"{f}:{line_no}: no task_id or no score/{metric}; --metric is one of "
                             f"{', '.join(['reward', *have])}") from None
+        if match == "id":
+            if sources.setdefault(task_id[1], task_id[0]) != task_id[0]:
+                raise DataError(f"{f}:{line_no}: task id {task_id[1]!r} is in data sets {sources[task_id[1]]!r} and "
+                                f"{task_id[0]!r}; --match id needs ids unique across an eval's data sets")
+            task_id = ("", task_id[1])
         s = sums.setdefault(task_id, [0.0, 0.0])
         s[0] += value
         s[1] += 1
@@ -128,7 +137,8 @@ def compare_scores(base: dict, afters: dict[str, dict], resamples: int = 10_000,
     with two or more, the gain of their task-by-task mean."""
     common = set(base).intersection(*afters.values()) if afters else set(base)
     if not common:
-        raise DataError("the evals share no task (data set and id); compare evals of the same data.eval")
+        raise DataError("the evals share no task (data set and id); compare evals of the same data.eval, or give "
+                        "--match id when they read the same questions from files of different names")
     ids = sorted(common)
     before = [base[i] for i in ids]
     rows = {}
@@ -161,17 +171,22 @@ def _grouped(before: dict, after: dict[str, dict], label: Callable[[TaskKey], st
 
 def compare_evals(base: str | Path, afters: list[str | Path], metric: str = "em", resamples: int = 10_000, seed: int = 0,
                   per_source: bool = False, by: str | None = None, tasks: list[Task] | None = None,
-                  tasks_from: str = "") -> dict:
+                  tasks_from: str = "", match: str = "task") -> dict:
     """`compare_scores` of eval folders or trajectory files; with `per_source`, also of each data
     set that every eval scored (`by_source`); with `by`, of each value of that field of `tasks`'
     rows (`by_field`: `field`, `tasks` (`tasks_from`, where they were read), `groups`, and
-    `not_in_tasks`: the compared tasks the rows lack)."""
+    `not_in_tasks`: the compared tasks the rows lack). `match="id"` pairs tasks by id alone
+    (`task_scores`)."""
     if not afters:
         raise DataError("give the eval to compare against and at least one later eval")
     names = [str(a) for a in afters]
     if len(set(names)) != len(names):
         raise DataError("the same later eval is given twice; give each seed's eval once")
-    before, after = task_scores(base, metric), {n: task_scores(n, metric) for n in names}
+    if match not in ("task", "id"):
+        raise DataError(f"--match is task or id, got {match!r}")
+    if per_source and match == "id":
+        raise DataError("--per-source needs the data sets, which --match id sets aside; drop one of them")
+    before, after = task_scores(base, metric, match), {n: task_scores(n, metric, match) for n in names}
     res = {"metric": metric, "base": str(base), **compare_scores(before, after, resamples, seed)}
     if per_source:
         res["by_source"] = _grouped(before, after, lambda k: k[0], resamples, seed)

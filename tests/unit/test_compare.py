@@ -165,3 +165,22 @@ def test_by_compares_each_value_of_a_field_of_the_tasks_rows(tmp_path, capsys):
     unrelated.write_text(json.dumps({"_id": "z", "question": "q?", "answer": "x", "type": "bridge"}) + "\n")
     assert main(["compare", str(base), str(after), "--by", "type", "--tasks", str(unrelated)]) == 2
     assert "none of the 21 compared tasks is in" in capsys.readouterr().err
+
+
+def test_match_id_pairs_the_same_questions_read_from_files_of_different_names(tmp_path, capsys):
+    ids = [f"q{i}" for i in range(12)]
+    base = write_eval(tmp_path / "sft", {t: [0.0] for t in ids}, source="all_questions")  # a superset, another file
+    after = write_eval(tmp_path / "grpo", {t: [float(i < 3)] for i, t in enumerate(ids[:8])}, source="seed0_questions")
+    with pytest.raises(DataError, match="share no task .* or give --match id"):
+        compare_evals(base, [after], resamples=500)
+    res = compare_evals(base, [after], resamples=500, match="id")
+    assert res["n"] == 8 and res["left_out"] == {"base": 4, str(after): 0}
+    assert res["gains"][str(after)]["mean"] == pytest.approx(3 / 8)
+    assert main(["compare", str(base), str(after), "--match", "id", "--resamples", "500"]) == 0
+    assert "| +37.5 |" in capsys.readouterr().out
+    with pytest.raises(DataError, match="--per-source needs the data sets"):
+        compare_evals(base, [after], match="id", per_source=True)
+    two = write_eval(tmp_path / "two", {"nq:q1": [1.0], "hotpotqa:q1": [0.0]})  # one id in two data sets of one eval
+    with pytest.raises(DataError, match=r"task id 'q1' is in data sets 'nq' and 'hotpotqa'; --match id needs ids unique"):
+        task_scores(two, match="id")
+    assert task_scores(two) == {("nq", "q1"): 1.0, ("hotpotqa", "q1"): 0.0}
