@@ -140,17 +140,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _compare_tasks(base: str, spec: str | None) -> tuple[list, str]:
-    """`seekrl compare --by`'s tasks: `--tasks SPEC`, else the data.eval of the base eval's saved
-    config, read as `seekrl eval` read it."""
+    """`seekrl compare --by`'s tasks: `--tasks SPEC` (a data spec as data.eval takes it: files
+    joined by commas, `[a:b]` slices), else the data.eval of the base eval's saved config, read
+    as `seekrl eval` read it."""
     from seekrl.compare import trajectory_file
-    from seekrl.data.loaders import load_tasks
+    from seekrl.config import load_config
+    from seekrl.data.config import DataConfig
+    from seekrl.data.sets import load_split
     from seekrl.errors import DataError
 
     if spec:
-        return load_tasks(spec), spec
-    from seekrl.config import load_config
-    from seekrl.data.sets import load_split
-
+        return load_split(spec, DataConfig(), "test", None), spec
     saved = trajectory_file(base).parent / "config.yaml"
     if not saved.is_file():
         raise DataError(f"{saved}: no config.yaml beside the base eval's trajectories; give --tasks the data the evals ran on")

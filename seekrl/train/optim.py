@@ -135,7 +135,7 @@ def minibatch_indices(n: int, epochs: int, minibatches: int, gen: torch.Generato
         order = torch.randperm(u, generator=gen).tolist() if minibatches > 1 else list(range(u))
         for k in range(minibatches):
             chunk = order[k * u // minibatches : (k + 1) * u // minibatches]
-            yield epoch, sorted(i for j in chunk for i in units[j]) if groups is not None else [units[j][0] for j in chunk]
+            yield epoch, sorted(i for j in chunk for i in units[j])
 
 
 def finite_everywhere(finite: bool, guard: NonFiniteGuard, ranks: Ranks) -> bool:

@@ -155,6 +155,8 @@ def test_by_compares_each_value_of_a_field_of_the_tasks_rows(tmp_path, capsys):
     assert "\ntype = bridge:\n" in out and "| +25.0 |" in out and "\ntype = comparison:\n" in out
     assert main(["compare", str(base), str(after), "--by", "type", "--tasks", str(other), "--resamples", "500"]) == 0
     assert "6 compared tasks are not in" in capsys.readouterr().out
+    assert main(["compare", str(base), str(after), "--by", "type", "--tasks", f"{other}[:12]", "--resamples", "500"]) == 0
+    assert "9 compared tasks are not in" in capsys.readouterr().out  # a slice, as data.eval takes it
     assert main(["compare", str(base), str(after), "--by", "typ"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no task has a field 'typ'; --by is one of the rows' fields: _id, level, type" in err
