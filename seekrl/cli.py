@@ -101,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
                     "(HotpotQA: type, level; dotted for a nested field)")
     cm.add_argument("--tasks", default=None, metavar="SPEC", help="with --by: the data the evals ran on (a file or data "
                     "name; default: data.eval of the config.yaml beside the base eval's trajectories)")
+    cm.add_argument("--by-run", default=None, metavar="RUN", help="also compare the tasks by what this RL run did with them: "
+                    "rewards differed in some step (trained), rewards equal, not sampled (it needs every group logged: "
+                    "log.samples_every=1, log.samples_groups above a step's groups)")
     cm.add_argument("--json", default=None, help="also write the comparison as JSON to this file")
     cu = sub.add_parser("curriculum", help="measure model.path's pass rate on data.train (data.curriculum_k samples each); "
                         "write the data.curriculum cache that RL then filters by (0 < pass rate < 1)")
@@ -223,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             tasks, tasks_from = _compare_tasks(args.base, args.tasks) if args.by else (None, "")
             res = compare_evals(args.base, args.after, metric=args.metric, resamples=args.resamples, seed=args.seed,
-                                per_source=args.per_source, by=args.by, tasks=tasks, tasks_from=tasks_from, match=args.match)
+                                per_source=args.per_source, by=args.by, tasks=tasks, tasks_from=tasks_from, match=args.match,
+                                run=args.by_run)
             print(compare_markdown(res), end="")
             if args.json:
                 Path(args.json).write_text(json.dumps(res, indent=2))

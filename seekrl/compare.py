@@ -1,6 +1,7 @@
 """`seekrl compare`: is a policy's gain over another real? The paired bootstrap of two evals.
 
-    seekrl compare runs/sft/eval runs/grpo/eval [runs/grpo_s1/eval ...] [--metric em] [--per-source] [--by FIELD] [--json FILE]
+    seekrl compare runs/sft/eval runs/grpo/eval [runs/grpo_s1/eval ...] [--metric em] [--per-source] [--by FIELD]
+                   [--by-run RUN] [--json FILE]
 
 Each argument is an eval folder (`seekrl eval` writes `<run>/eval/trajectories.jsonl`; a folder
 holding one nested `eval/` is followed) or a trajectories file. A task's score is the mean over
@@ -12,7 +13,10 @@ the same questions read from files of different names). `--per-source` adds the 
 comparison for each data set of a multi-source eval (Search-R1's table: NQ, HotpotQA, ...);
 `--by FIELD` adds it for each value of a field of the tasks' rows (HotpotQA's `type`: bridge and
 comparison questions; `level`; a dotted path such as `extra_info.split`), read from the data the
-evals ran on (the base eval's config.yaml `data.eval`, or `--tasks SPEC`).
+evals ran on (the base eval's config.yaml `data.eval`, or `--tasks SPEC`). `--by-run RUN` adds it
+for what an RL run did with each task (`run_labels`): the tasks whose group's rewards differed in
+some step (what GRPO trained on), those sampled with equal rewards, and those never sampled; evals
+of a run's training questions then tell a gain on what it trained on from one that carries.
 
 For each later eval: the mean score before and after, the gain, its 95% percentile interval from
 resampling the tasks (the paired bootstrap: each resample draws tasks with replacement and keeps
@@ -33,8 +37,8 @@ from typing import Any, Callable
 from seekrl.errors import DataError
 from seekrl.types import Task
 
-__all__ = ["paired_bootstrap", "trajectory_file", "task_scores", "task_labels", "compare_scores", "compare_evals",
-           "compare_markdown"]
+__all__ = ["paired_bootstrap", "trajectory_file", "task_scores", "task_labels", "run_labels", "compare_scores",
+           "compare_evals", "compare_markdown"]
 
 TaskKey = tuple[str, str]  # (data set, task id)
 
@@ -132,6 +136,72 @@ def task_labels(tasks: list[Task], field: str) -> Callable[[TaskKey], str | None
     return label
 
 
+RUN_LABELS = ("rewards differed", "rewards equal", "not sampled")  # run_labels' groups, in this order
+
+
+def run_labels(run_dir: str | Path) -> tuple[Callable[[TaskKey], str], dict]:
+    """(data set, task id) -> what an RL run did with the task, from the groups its steps logged
+    (RUN/trajectories/step_<N>.jsonl): "rewards differed" (in some step its group's rewards were not
+    all equal, so GRPO's advantages moved it), "rewards equal" (sampled, never a spread), "not
+    sampled" (never in a logged group; a refill's surplus groups are rolled out but neither trained
+    nor logged). A task is found by data set and id, else by id where unique in the run. Also
+    returns counts {steps, tasks, per label}. The run must have logged every group of every step
+    (log.samples_every=1, log.samples_groups above a step's groups), else a DataError says so."""
+    from seekrl.data.loaders import read_rows
+    from seekrl.observe.loggers import SAMPLES_DIR
+
+    run = Path(run_dir)
+    files = {int(f.stem.removeprefix("step_")): f for f in (run / SAMPLES_DIR).glob("step_*.jsonl")
+             if f.stem.removeprefix("step_").isdigit()}
+    metrics = run / "metrics.jsonl"
+    if not files or not metrics.is_file():
+        raise DataError(f"{run}: no {SAMPLES_DIR}/step_<N>.jsonl and metrics.jsonl; give an RL run folder (runs/<log.name>) "
+                        "trained with log.samples_every=1")
+    steps = sorted({int(r["step"]) for _, r in read_rows(metrics, "jsonl") if "step" in r})
+    if missing := [s for s in steps if s not in files]:
+        raise DataError(f"{run}: steps {missing[:5]} logged no trajectories (log.samples_every > 1?); the run's groups "
+                        "are known only with log.samples_every=1")
+    cap = _samples_groups(run)
+    spread: dict[TaskKey, bool] = {}
+    for step in steps:
+        groups: dict[int, tuple[TaskKey, set]] = {}
+        for line_no, rec in read_rows(files[step], "jsonl"):
+            try:
+                key = (str(rec.get("source") or ""), str(rec["task_id"]))
+                rewards = groups.setdefault(int(rec["group"]), (key, set()))[1]
+                if rec.get("status", "ok") == "ok":  # what the trainer kept (an engine or tool failure is left out)
+                    rewards.add(float(rec["reward"]))
+            except (KeyError, TypeError, ValueError):
+                raise DataError(f"{files[step]}:{line_no}: no task_id, group or reward; not a step's trajectories") from None
+        if cap is not None and len(groups) >= cap:
+            raise DataError(f"{files[step]}: {len(groups)} groups, log.samples_groups={cap}: the step may have sampled more "
+                            "than it logged; train with log.samples_groups above a step's groups (e.g. 1000)")
+        for key, rewards in groups.values():
+            spread[key] = spread.get(key, False) or len(rewards) > 1
+    ids: dict[str, list[bool]] = {}
+    for (_, tid), v in spread.items():
+        ids.setdefault(tid, []).append(v)
+
+    def label(key: TaskKey) -> str:
+        v = spread.get(key, ids[key[1]][0] if len(ids.get(key[1], ())) == 1 else None)
+        return RUN_LABELS[2] if v is None else RUN_LABELS[0] if v else RUN_LABELS[1]
+
+    counts = {"steps": len(steps), "tasks": len(spread), RUN_LABELS[0]: sum(spread.values()),
+              RUN_LABELS[1]: sum(not v for v in spread.values())}
+    return label, counts
+
+
+def _samples_groups(run: Path) -> int | None:
+    """log.samples_groups of the run's config.yaml (None: no config, or no cap)."""
+    import yaml
+
+    cfg = run / "config.yaml"
+    if not cfg.is_file():
+        return None
+    log = (yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}).get("log") or {}
+    return log.get("samples_groups")
+
+
 def compare_scores(base: dict, afters: dict[str, dict], resamples: int = 10_000, seed: int = 0) -> dict:
     """Each later eval's gain over `base` on the tasks every eval scored (module docstring), and
     with two or more, the gain of their task-by-task mean."""
@@ -171,12 +241,13 @@ def _grouped(before: dict, after: dict[str, dict], label: Callable[[TaskKey], st
 
 def compare_evals(base: str | Path, afters: list[str | Path], metric: str = "em", resamples: int = 10_000, seed: int = 0,
                   per_source: bool = False, by: str | None = None, tasks: list[Task] | None = None,
-                  tasks_from: str = "", match: str = "task") -> dict:
+                  tasks_from: str = "", match: str = "task", run: str | Path | None = None) -> dict:
     """`compare_scores` of eval folders or trajectory files; with `per_source`, also of each data
     set that every eval scored (`by_source`); with `by`, of each value of that field of `tasks`'
     rows (`by_field`: `field`, `tasks` (`tasks_from`, where they were read), `groups`, and
-    `not_in_tasks`: the compared tasks the rows lack). `match="id"` pairs tasks by id alone
-    (`task_scores`)."""
+    `not_in_tasks`: the compared tasks the rows lack); with `run` (an RL run folder), of what
+    that run did with each task (`by_run`: `run`, `counts`, `groups`, by `run_labels`).
+    `match="id"` pairs tasks by id alone (`task_scores`)."""
     if not afters:
         raise DataError("give the eval to compare against and at least one later eval")
     names = [str(a) for a in afters]
@@ -201,12 +272,16 @@ def compare_evals(base: str | Path, afters: list[str | Path], metric: str = "em"
                             "give --tasks the data.eval the evals ran on")
         res["by_field"] = {"field": by, "tasks": tasks_from, "not_in_tasks": missing,
                            "groups": _grouped(before, after, label, resamples, seed)}
+    if run:
+        label, counts = run_labels(run)
+        groups = _grouped(before, after, label, resamples, seed)
+        res["by_run"] = {"run": str(run), "counts": counts, "groups": {k: groups[k] for k in RUN_LABELS if k in groups}}
     return res
 
 
 def compare_markdown(res: dict) -> str:
     """The comparison as a markdown table (scores and gains in points: x 100), then one a data set
-    with `by_source`, one a value of the field with `by_field`."""
+    with `by_source`, one a value of the field with `by_field`, one a `run_labels` group with `by_run`."""
     metric = res.get("metric", "em")
     text = _table(res, metric)
     for src, sub in res.get("by_source", {}).items():
@@ -217,6 +292,13 @@ def compare_markdown(res: dict) -> str:
             text += f"\n{by['field']} = {value}:\n\n" + _table(sub, metric)
         if by["not_in_tasks"]:
             text += f"\n{by['not_in_tasks']} compared tasks are not in {by['tasks'] or 'the tasks'}: in no {by['field']} table\n"
+    run = res.get("by_run")
+    if run:
+        c = run["counts"]
+        text += (f"\n{run['run']}: {c['tasks']} tasks sampled in {c['steps']} steps, {c[RUN_LABELS[0]]} with rewards that "
+                 f"differed in some step\n")
+        for lab, sub in run["groups"].items():
+            text += f"\nrun: {lab}:\n\n" + _table(sub, metric)
     return text
 
 

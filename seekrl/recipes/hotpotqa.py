@@ -71,11 +71,11 @@ from pathlib import Path
 from rich.console import Console
 
 from seekrl.compare import compare_scores
-from seekrl.config import ConfigError, load_config
+from seekrl.config import Config, ConfigError, load_config
 from seekrl.recipes.hotpotqa_scores import (answer_options, em_by_type, eval_answers, paired_bootstrap, question_types,
                                             search_support, two_way_guesses)
 
-__all__ = ["run", "hotpotqa_split", "sft_share_split", "retrievable_rows", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support", "learning_curve",
+__all__ = ["run", "check_config", "hotpotqa_split", "sft_share_split", "retrievable_rows", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support", "learning_curve",
            "check_from_curve", "DEFAULT_CONFIG", "SPLIT_KEY"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
@@ -311,6 +311,14 @@ def _results_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_config(config: str, overrides: list[str]) -> Config:
+    """The recipe's config with its overrides, every check run before any stage: the index the
+    stages build does not exist yet, so the retriever is checked as a server URL would be (the
+    index folder is checked once built), and the options that need the search tool
+    (rollout.answer_branches, tools.format) are checked with it."""
+    return load_config(config, [*overrides, "tools.retriever=http://127.0.0.1:1/retrieve"])
+
+
 def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[str] = ()) -> dict:
     """Run every stage (module docstring); returns results.json's content."""
     from seekrl import jobs
@@ -325,7 +333,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     files = {k: data_dir / f"{k}.jsonl" for k in ("train", "heldout", "check", "base", "curve", "check_open")}
     paths = [f"data.train={files['train']}", f"data.eval={files['heldout']}", f"tools.retriever={index_dir}", f"log.dir={out_dir}"]
     overrides = list(overrides)
-    cfg0 = load_config(config, paths + overrides + ["tools.format=null"])  # a bad config fails before anything runs
+    cfg0 = check_config(config, paths + overrides)  # a bad config fails before anything runs
     d = cfg0.demo
     timings_path = out_dir / "stage_seconds.json"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,16 @@ def test_refill_run_fills_batches_and_resumes_to_the_same_tasks_tokens_and_metri
     # the constructed run exercises every branch: a full batch with a surplus, a skipped repeat, rounds run out
     assert any(r["rollout/refill/surplus"] for r in rows) and any(r["rollout/refill/repeats"] for r in rows)
     assert any(r["rollout/refill/short"] for r in rows) and any(r["rollout/refill/short"] == 0 for r in rows)
+    # `seekrl compare --by-run` reads the same files: a task "rewards differed" iff some step trained on its group
+    from seekrl.compare import run_labels
+
+    label, counts = run_labels(full)
+    spread: dict[str, bool] = {}
+    for r in rows:
+        for task, members in _groups(full, r["step"]):
+            spread[task] = spread.get(task, False) or _informative((task, members))
+    assert counts["tasks"] == len(spread) and counts["rewards differed"] == sum(spread.values()) > 0
+    assert {t: label(("", t)) for t in spread} == {t: "rewards differed" if v else "rewards equal" for t, v in spread.items()}
     state = json.loads((full / "checkpoints" / "step_4" / "state.json").read_text())["data"]
     assert state["epoch"] * 40 + state["index"] == drawn  # every task drawn counts (drop_last: 40 = 10 batches)
 

@@ -186,3 +186,66 @@ def test_match_id_pairs_the_same_questions_read_from_files_of_different_names(tm
     with pytest.raises(DataError, match=r"task id 'q1' is in data sets 'nq' and 'hotpotqa'; --match id needs ids unique"):
         task_scores(two, match="id")
     assert task_scores(two) == {("nq", "q1"): 1.0, ("hotpotqa", "q1"): 0.0}
+
+
+def write_run(folder, steps: list[list[tuple[str, list[float]]]], samples_groups: int = 1000, source: str = "train"):
+    """An RL run folder as the loop writes it: per step, its groups (task, the members' rewards)
+    in trajectories/step_<N>.jsonl, a metrics.jsonl line per step, and the resolved config."""
+    (folder / "trajectories").mkdir(parents=True)
+    with (folder / "metrics.jsonl").open("w") as m:
+        for n, groups in enumerate(steps, 1):
+            m.write(json.dumps({"step": n, "reward/mean": 0.0}) + "\n")
+            with (folder / "trajectories" / f"step_{n}.jsonl").open("w") as f:
+                for g, (task, rewards) in enumerate(groups):
+                    for k, r in enumerate(rewards):
+                        f.write(json.dumps({"task_id": task, "source": source, "group": g, "sample": k, "reward": r,
+                                            "status": "ok"}) + "\n")
+    (folder / "config.yaml").write_text(f"log:\n  samples_every: 1\n  samples_groups: {samples_groups}\n")
+    return folder
+
+
+def test_by_run_compares_what_a_run_trained_on_sampled_and_never_sampled(tmp_path, capsys):
+    """`--by-run RUN`: a task is "rewards differed" when its group's rewards differed in some step
+    (one step is enough), "rewards equal" when sampled without a spread, "not sampled" otherwise;
+    tasks are found by id when the evals read them from another file."""
+    from seekrl.compare import run_labels
+
+    run = write_run(tmp_path / "grpo_run", [
+        [("q0", [0.0, 1.0]), ("q1", [0.0, 0.0]), ("q2", [0.5, 0.5])],
+        [("q1", [0.0, 0.2]), ("q3", [1.0, 1.0])],  # q1 differs in its second step
+    ])
+    label, counts = run_labels(run)
+    assert counts == {"steps": 2, "tasks": 4, "rewards differed": 2, "rewards equal": 2}
+    assert [label(("train", q)) for q in ("q0", "q1", "q2", "q3", "q9")] == [
+        "rewards differed", "rewards differed", "rewards equal", "rewards equal", "not sampled"]
+    assert label(("other_file", "q2")) == "rewards equal"  # found by id alone
+
+    ids = [f"q{i}" for i in range(10)]
+    base = write_eval(tmp_path / "sft", {t: [0.0] for t in ids}, source="seen")
+    after = write_eval(tmp_path / "g", {t: [float(t in ("q0", "q2", "q5"))] for t in ids}, source="seen")
+    res = compare_evals(base, [after], resamples=500, run=run)["by_run"]
+    assert list(res["groups"]) == ["rewards differed", "rewards equal", "not sampled"]
+    assert {k: (v["n"], v["gains"][str(after)]["mean"]) for k, v in res["groups"].items()} == {
+        "rewards differed": (2, 0.5), "rewards equal": (2, 0.5), "not sampled": (6, pytest.approx(1 / 6))}
+    assert main(["compare", str(base), str(after), "--by-run", str(run), "--resamples", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "4 tasks sampled in 2 steps, 2 with rewards that differed in some step" in out
+    assert "\nrun: rewards differed:\n" in out and "\nrun: not sampled:\n" in out and "| +50.0 |" in out
+
+    # a failed episode (status not ok) is left out of its group's spread, as the trainer leaves it out
+    f = run / "trajectories" / "step_2.jsonl"
+    recs = [json.loads(x) for x in f.read_text().splitlines()]
+    recs[1]["status"] = "engine_error"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert run_labels(run)[0](("train", "q1")) == "rewards equal"
+
+    # a run whose groups are not all logged cannot say what it sampled: one line, the fix named
+    capped = write_run(tmp_path / "capped", [[("q0", [0.0, 1.0]), ("q1", [0.0, 0.0])]], samples_groups=2)
+    with pytest.raises(DataError, match=r"step_1.jsonl: 2 groups, log.samples_groups=2: .* train with log.samples_groups above"):
+        run_labels(capped)
+    (run / "trajectories" / "step_2.jsonl").unlink()
+    assert main(["compare", str(base), str(after), "--by-run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "steps [2] logged no trajectories (log.samples_every > 1?)" in err
+    with pytest.raises(DataError, match="no trajectories/step_<N>.jsonl and metrics.jsonl; give an RL run folder"):
+        run_labels(tmp_path / "sft")

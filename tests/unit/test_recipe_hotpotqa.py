@@ -263,3 +263,23 @@ def test_search_support_counts_what_each_search_retrieved():
     assert out["all_retrieved"] == 0.0 and out["searched_again"] == 0 and out["em_later_new"] is None
     assert search_support(rows[3:], episodes) == {"episodes": 0, "all_retrieved": None, "searched_again": 0,
                                                   "later_search_new": 0, "em_later_new": None, "em_later_nothing_new": None}
+
+
+def test_recipe_checks_its_config_before_any_stage_including_options_that_need_the_search_tool(tmp_path):
+    """The recipe checks the config and its overrides before the index exists: the answer-branch
+    options, which need tools.format, are accepted and checked (a bad one fails), and a
+    retriever folder that is not there yet is not an error."""
+    from seekrl.config import ConfigError
+    from seekrl.recipes.hotpotqa import DEFAULT_CONFIG, check_config
+    from seekrl.recipes.hotpotqa import run as run_recipe
+
+    over = [f"tools.retriever={tmp_path / 'index'}", "rollout.answer_branches=4", "rollout.branch_temperature=1.0"]
+    cfg = check_config(str(DEFAULT_CONFIG), over)
+    assert (cfg.rollout.answer_branches, cfg.tools.format) == (4, "search_r1")
+    with pytest.raises(ConfigError, match="rollout.trajectory: 'full' is not one of"):
+        check_config(str(DEFAULT_CONFIG), [*over, "rollout.trajectory=full"])
+    with pytest.raises(ConfigError, match="answer_branches"):  # the tools checks run: branches need a tool format
+        check_config(str(DEFAULT_CONFIG), [*over, "tools.format=null"])
+    with pytest.raises(ConfigError, match="rollout.trajectory"):  # the recipe fails before its first stage
+        run_recipe(str(tmp_path / "out"), None, ["rollout.answer_branches=2", "rollout.trajectory=full"])
+    assert not (tmp_path / "out" / "index").exists()
