@@ -319,7 +319,8 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
     # KL coefficient, no distillation) and one optimizer step: the update's own forward pass gives them
     # (train/offpolicy.py); with the KL in the loss the update then measures the step's `kl` itself.
     kl_read_before = a.kl_coef > 0 and (a.kl_in == "reward" or a.kl_target is not None)
-    from_update = (t.recompute_logprobs == "auto" and not reuse and t.ppo_epochs == 1 and t.minibatches == 1
+    one_minibatch = t.minibatches == 1 and t.minibatch_size in (0, r.batch_size // r.group_size)
+    from_update = (t.recompute_logprobs == "auto" and not reuse and t.ppo_epochs == 1 and one_minibatch
                    and r.mode == "sync" and not a.decoupled and not kl_read_before and a.name != "distill")
     if ranks.is_main:
         rollout = make_rollout(r, rollout_workflow(workflow, r.answer_branches, r.branch_temperature), engine, tasks.iterator, sampling_params(r), seed=t.seed,

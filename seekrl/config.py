@@ -205,6 +205,14 @@ def _check_between(cfg: Config) -> None:
                           "(or rollout.refill=false)")
     if r.batch_size % t.minibatches:
         raise ConfigError(f"train.minibatches ({t.minibatches}) must divide rollout.batch_size ({r.batch_size})")
+    if t.minibatch_size:
+        if t.minibatches != 1:
+            raise ConfigError(f"train.minibatch_size={t.minibatch_size} and train.minibatches={t.minibatches} both split the batch; "
+                              "keep one (train.minibatches=1 or train.minibatch_size=0)")
+        tasks = r.batch_size // r.group_size
+        if tasks % t.minibatch_size:
+            raise ConfigError(f"train.minibatch_size ({t.minibatch_size}) must divide the batch's {tasks} tasks "
+                              f"(rollout.batch_size / rollout.group_size), as verl's ppo_mini_batch_size divides its prompts")
     if r.max_prompt_tokens + r.max_new_tokens > m.max_context:
         raise ConfigError(f"rollout.max_prompt_tokens + rollout.max_new_tokens = {r.max_prompt_tokens + r.max_new_tokens} "
                           f"exceeds model.max_context ({m.max_context}); lower one or raise model.max_context")

@@ -34,6 +34,8 @@ class TrainConfig:
     """Passes over each batch."""
     minibatches: Annotated[int, Range(ge=1)] = 1
     """Optimizer steps per epoch (the batch is split into this many minibatches, each of whole groups: a task's rows together)."""
+    minibatch_size: Annotated[int, Range(ge=0)] = 0
+    """Tasks (groups) per optimizer step, as verl's ppo_mini_batch_size counts prompts: a batch of N groups makes ceil(N / minibatch_size) minibatches (fewer when algo.filter_zero_std drops groups); it must divide the batch's tasks (rollout.batch_size / rollout.group_size); 0: train.minibatches decides."""
     micro_batch_tokens: Annotated[int, Range(ge=1)] = 8192
     """Token budget of one forward/backward micro-batch (padded tokens)."""
     share_prefix: bool = True

@@ -22,7 +22,8 @@ from seekrl.errors import NonFiniteError
 from seekrl.parallel.ranks import Ranks
 from seekrl.train.config import TrainConfig
 
-__all__ = ["NonFiniteGuard", "finite_everywhere", "step_scheduler", "lr_lambda", "make_optimizer", "minibatch_indices"]
+__all__ = ["NonFiniteGuard", "finite_everywhere", "step_scheduler", "lr_lambda", "make_optimizer", "minibatch_count",
+           "minibatch_indices"]
 
 
 class NonFiniteGuard:
@@ -112,6 +113,15 @@ def make_optimizer(params, lr: float, t: TrainConfig, total_steps: int):
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=t.weight_decay, betas=(0.9, 0.999), eps=1e-8)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t.warmup_steps, total_steps, t.schedule, t.min_lr_ratio))
     return opt, sched
+
+
+def minibatch_count(t: TrainConfig, groups: list[int]) -> int:
+    """Optimizer steps an epoch over a batch whose rows are of `groups`: train.minibatches, or with
+    train.minibatch_size (tasks a step) ceil(its groups / minibatch_size). Every rank holds the
+    whole batch, so every rank counts the same."""
+    if not t.minibatch_size:
+        return t.minibatches
+    return max(1, -(-len(set(groups)) // t.minibatch_size))
 
 
 def minibatch_indices(n: int, epochs: int, minibatches: int, gen: torch.Generator,

@@ -31,7 +31,7 @@ from seekrl.parallel.ranks import Ranks
 from seekrl.train.batch import TokenBatch
 from seekrl.train.batching import MicroBatch, can_share_prefix, completion_logprobs
 from seekrl.train.config import TrainConfig
-from seekrl.train.optim import NonFiniteGuard, finite_everywhere, make_optimizer, minibatch_indices, step_scheduler
+from seekrl.train.optim import NonFiniteGuard, finite_everywhere, make_optimizer, minibatch_count, minibatch_indices, step_scheduler
 from seekrl.train.packing import can_pack
 from seekrl.train.plan import MicroBatchPlan
 from seekrl.train.ptx import PtxAnchor
@@ -110,13 +110,14 @@ class PolicyTrainer:
         `batch.ref_logp_BC` when `batch.kl_coef` > 0. Decoupled PPO (algo.decoupled,
         train/offpolicy.py): `batch.behav_logp_BC` are the behaviour log-probs and `old_logp_BC` the
         proximal ones, or with `batch.prox_alpha_BC` the proximal ones are interpolated in the loss."""
-        t = self.train
-        if batch.old_logp_BC is None and (t.ppo_epochs > 1 or t.minibatches > 1):
+        t, groups = self.train, batch.group_ids_B.tolist()
+        minibatches = minibatch_count(t, groups)
+        if batch.old_logp_BC is None and (t.ppo_epochs > 1 or minibatches > 1):
             raise ValueError("old log-probs from the update's own forward pass need one optimizer step a batch "
-                             "(train.ppo_epochs=1, train.minibatches=1); recompute them first (trainer.logprobs)")
+                             "(train.ppo_epochs=1, one minibatch); recompute them first (trainer.logprobs)")
         mask_BC = batch.train_mask_BC(self.algo.mask_truncated)
         self.model.train()
-        for _, idx in minibatch_indices(len(batch), t.ppo_epochs, t.minibatches, self.gen, batch.group_ids_B.tolist()):
+        for _, idx in minibatch_indices(len(batch), t.ppo_epochs, minibatches, self.gen, groups):
             mini = _minibatch(idx, mask_BC)
             if mini.tokens == 0:
                 stats.add(skipped_minibatches=1.0)
@@ -248,7 +249,8 @@ class CriticTrainer:
         guard = guard if guard is not None else self.guard
         mask_all = batch.train_mask_BC(self.algo.mask_truncated)
         self.model.train()
-        for _, idx in minibatch_indices(len(batch), t.ppo_epochs, t.minibatches, self.gen, batch.group_ids_B.tolist()):
+        groups = batch.group_ids_B.tolist()
+        for _, idx in minibatch_indices(len(batch), t.ppo_epochs, minibatch_count(t, groups), self.gen, groups):
             mini = _minibatch(idx, mask_all)
             if mini.tokens == 0:
                 continue

@@ -90,6 +90,11 @@ def test_bf16_trainer_does_not_reuse_the_fp32_engine_logprobs(tmp_path):
     assert reuse("always", "train.mixed_precision=bf16", "train.recompute_logprobs=always")[:2] == (False, False)
     assert reuse("epochs", "train.mixed_precision=bf16", "train.ppo_epochs=2")[:2] == (False, False)
     assert reuse("mini", "train.mixed_precision=bf16", "train.minibatches=2")[:2] == (False, False)
+    # minibatches by size (tasks a step): several steps need the separate pass, one task-sized batch does not
+    assert reuse("size", "train.mixed_precision=bf16", "rollout.batch_size=32", "rollout.group_size=8",
+                 "train.minibatch_size=2")[:2] == (False, False)
+    assert reuse("size1", "train.mixed_precision=bf16", "rollout.batch_size=32", "rollout.group_size=8",
+                 "train.minibatch_size=4")[:2] == (False, True)
     # the KL in the loss with a fixed coefficient: the update measures it; in the reward or adaptive: read before
     assert reuse("kl", "train.mixed_precision=bf16", "algo.kl_coef=0.01")[:2] == (False, True)
     assert reuse("klr", "train.mixed_precision=bf16", "algo.kl_coef=0.01", "algo.kl_in=reward")[:2] == (False, False)

@@ -4,6 +4,7 @@ mini-batch in prompts; every row trains once an epoch."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from seekrl.build import policy_trainer
@@ -48,8 +49,25 @@ def test_each_minibatch_is_whole_groups_and_every_row_trains_once_an_epoch():
     assert sorted(len(idx) for _, idx in _steps(10, 1, 2, None)) == [5, 5]
 
 
-def test_the_policy_update_splits_the_batch_by_task(monkeypatch):
-    cfg = load_config(None, ["train.lr=1e-2", "train.minibatches=2", "rollout.batch_size=16", "rollout.group_size=2",
+def test_minibatch_size_counts_tasks_per_step_and_is_checked_against_the_batch():
+    """train.minibatch_size (verl's ppo_mini_batch_size, in tasks): ceil(groups / size) optimizer
+    steps, fewer when groups were filtered out; one of the two keys; it divides the batch's tasks."""
+    from seekrl.config import ConfigError
+    from seekrl.train.optim import minibatch_count
+
+    t = load_config(None, ["rollout.batch_size=16", "rollout.group_size=2", "train.minibatch_size=2"]).train
+    assert minibatch_count(t, [g for g in range(8) for _ in range(2)]) == 4  # 8 tasks of 2 rows
+    assert minibatch_count(t, [0, 0, 3, 3, 5, 5]) == 2 and minibatch_count(t, [4, 4]) == 1  # filtered batches
+    assert minibatch_count(load_config(None, ["train.minibatches=4"]).train, [0, 0]) == 4  # the count, as before
+    with pytest.raises(ConfigError, match=r"train.minibatch_size \(3\) must divide the batch's 8 tasks"):
+        load_config(None, ["rollout.batch_size=16", "rollout.group_size=2", "train.minibatch_size=3"])
+    with pytest.raises(ConfigError, match="both split the batch; keep one"):
+        load_config(None, ["rollout.batch_size=16", "rollout.group_size=2", "train.minibatch_size=2", "train.minibatches=2"])
+
+
+@pytest.mark.parametrize("split", [["train.minibatches=2"], ["train.minibatch_size=4"]])
+def test_the_policy_update_splits_the_batch_by_task(monkeypatch, split):
+    cfg = load_config(None, ["train.lr=1e-2", *split, "rollout.batch_size=16", "rollout.group_size=2",
                              "train.micro_batch_tokens=64"])
     trainer = policy_trainer(cfg, _model(), 0, total_steps=10)
     g = torch.Generator().manual_seed(0)
