@@ -157,7 +157,7 @@ def run_labels(run_dir: str | Path) -> tuple[Callable[[TaskKey], str], dict]:
     if not files or not metrics.is_file():
         raise DataError(f"{run}: no {SAMPLES_DIR}/step_<N>.jsonl and metrics.jsonl; give an RL run folder (runs/<log.name>) "
                         "trained with log.samples_every=1")
-    steps = sorted({int(r["step"]) for _, r in read_rows(metrics, "jsonl") if "step" in r})
+    steps = sorted({int(r["step"]) for _, r in read_rows(metrics, "jsonl") if r.get("step", 0) > 0})  # 0: the eval before training
     if missing := [s for s in steps if s not in files]:
         raise DataError(f"{run}: steps {missing[:5]} logged no trajectories (log.samples_every > 1?); the run's groups "
                         "are known only with log.samples_every=1")

@@ -193,6 +193,7 @@ def write_run(folder, steps: list[list[tuple[str, list[float]]]], samples_groups
     in trajectories/step_<N>.jsonl, a metrics.jsonl line per step, and the resolved config."""
     (folder / "trajectories").mkdir(parents=True)
     with (folder / "metrics.jsonl").open("w") as m:
+        m.write(json.dumps({"step": 0, "eval/em": 0.0}) + "\n")  # the eval before training (data.eval set): no trajectories
         for n, groups in enumerate(steps, 1):
             m.write(json.dumps({"step": n, "reward/mean": 0.0}) + "\n")
             with (folder / "trajectories" / f"step_{n}.jsonl").open("w") as f:
