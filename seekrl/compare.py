@@ -120,20 +120,29 @@ def task_labels(tasks: list[Task], field: str) -> Callable[[TaskKey], str | None
     if all(v is None for v in by_key.values()):
         have = sorted({k for t in tasks for k in t.meta})
         raise DataError(f"no task has a field {field!r}; --by is one of the rows' fields: {', '.join(have) or '(none)'}")
+    find = _finder(by_key)
+
+    def label(key: TaskKey) -> str | None:
+        found, v = find(key)
+        return None if not found else "(none)" if v is None else str(v)
+
+    return label
+
+
+def _finder(by_key: dict[TaskKey, Any]) -> Callable[[TaskKey], tuple[bool, Any]]:
+    """key -> (found, value): by data set and id, else by id alone where that id is unique."""
     ids: dict[str, list[Any]] = {}
     for (_, tid), v in by_key.items():
         ids.setdefault(tid, []).append(v)
 
-    def label(key: TaskKey) -> str | None:
+    def find(key: TaskKey) -> tuple[bool, Any]:
         if key in by_key:
-            v = by_key[key]
-        elif len(ids.get(key[1], ())) == 1:
-            v = ids[key[1]][0]
-        else:
-            return None
-        return "(none)" if v is None else str(v)
+            return True, by_key[key]
+        if len(ids.get(key[1], ())) == 1:
+            return True, ids[key[1]][0]
+        return False, None
 
-    return label
+    return find
 
 
 RUN_LABELS = ("rewards differed", "rewards equal", "not sampled")  # run_labels' groups, in this order
@@ -148,16 +157,15 @@ def run_labels(run_dir: str | Path) -> tuple[Callable[[TaskKey], str], dict]:
     returns counts {steps, tasks, per label}. The run must have logged every group of every step
     (log.samples_every=1, log.samples_groups above a step's groups), else a DataError says so."""
     from seekrl.data.loaders import read_rows
-    from seekrl.observe.loggers import SAMPLES_DIR
+    from seekrl.observe.loggers import SAMPLES_DIR, read_metrics
 
     run = Path(run_dir)
     files = {int(f.stem.removeprefix("step_")): f for f in (run / SAMPLES_DIR).glob("step_*.jsonl")
              if f.stem.removeprefix("step_").isdigit()}
-    metrics = run / "metrics.jsonl"
-    if not files or not metrics.is_file():
+    steps = sorted({int(r["step"]) for r in read_metrics(run) if r.get("step", 0) > 0})  # 0: the eval before training
+    if not files or not steps:
         raise DataError(f"{run}: no {SAMPLES_DIR}/step_<N>.jsonl and metrics.jsonl; give an RL run folder (runs/<log.name>) "
                         "trained with log.samples_every=1")
-    steps = sorted({int(r["step"]) for _, r in read_rows(metrics, "jsonl") if r.get("step", 0) > 0})  # 0: the eval before training
     if missing := [s for s in steps if s not in files]:
         raise DataError(f"{run}: steps {missing[:5]} logged no trajectories (log.samples_every > 1?); the run's groups "
                         "are known only with log.samples_every=1")
@@ -178,13 +186,11 @@ def run_labels(run_dir: str | Path) -> tuple[Callable[[TaskKey], str], dict]:
                             "than it logged; train with log.samples_groups above a step's groups (e.g. 1000)")
         for key, rewards in groups.values():
             spread[key] = spread.get(key, False) or len(rewards) > 1
-    ids: dict[str, list[bool]] = {}
-    for (_, tid), v in spread.items():
-        ids.setdefault(tid, []).append(v)
+    find = _finder(spread)
 
     def label(key: TaskKey) -> str:
-        v = spread.get(key, ids[key[1]][0] if len(ids.get(key[1], ())) == 1 else None)
-        return RUN_LABELS[2] if v is None else RUN_LABELS[0] if v else RUN_LABELS[1]
+        found, v = find(key)
+        return RUN_LABELS[2] if not found else RUN_LABELS[0] if v else RUN_LABELS[1]
 
     counts = {"steps": len(steps), "tasks": len(spread), RUN_LABELS[0]: sum(spread.values()),
               RUN_LABELS[1]: sum(not v for v in spread.values())}
