@@ -35,24 +35,11 @@ from pathlib import Path
 # on an idle machine. Set before torch is imported; an explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# glibc's per-thread malloc arenas keep the pages that tensors of ever-changing sizes free: at most
+# 2 (seekrl/memory.py), set before torch is imported and its threads start.
+from seekrl.memory import limit_malloc_arenas  # noqa: E402
 
-def _limit_malloc_arenas() -> None:
-    """glibc gives each thread that allocates its own malloc arena; the engine's thread and the
-    trainer's freeing tensors of ever-changing sizes fragment them, and the process keeps the
-    pages. SmolLM2 GRPO on a CPU grew from 7 to 24 GiB in 9 steps (killed by the OOM killer) and
-    stayed at 7-8 GiB with 2 arenas (RESULTS.md, the HotpotQA recipe). An explicit
-    MALLOC_ARENA_MAX wins; other C libraries are left alone."""
-    if sys.platform != "linux" or "MALLOC_ARENA_MAX" in os.environ:
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX = -8
-    except (OSError, AttributeError):
-        pass
-
-
-_limit_malloc_arenas()
+limit_malloc_arenas()
 
 from seekrl.servers.flags import engine_flags, index_flags, policy_flags  # noqa: E402 (after the malloc setting)
 

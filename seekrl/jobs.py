@@ -8,12 +8,16 @@
 generate | curriculum` run,
 and what `seekrl demo`, the recipes and `seekrl launch`'s trainer ranks call. A job that starts
 engine servers stops them however it ends (normally, on an error, on Ctrl-C and on SIGTERM,
-which `terminate_as_exit` turns into SystemExit so that the `finally` blocks run).
+which `terminate_as_exit` turns into SystemExit so that the `finally` blocks run). Once a job has
+released its components, glibc's free pages go back to the system (seekrl/memory.py), so that a
+recipe running its stages in one process does not carry one stage's pages into the next.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import sys
 from pathlib import Path
 
@@ -24,12 +28,27 @@ from seekrl.config import Config
 from seekrl.data.curriculum import informative_counts, read_curriculum, write_curriculum
 from seekrl.engines.launch import terminate_as_exit
 from seekrl.errors import DataError
+from seekrl.memory import release as release_memory
 from seekrl.train import rl
 from seekrl.train import sft as supervised
 
 __all__ = ["train", "sft", "evaluate", "generate", "curriculum"]
 
 
+def _then_release(job):
+    """`job`, then its components' memory back to the system: after it returned, its frame and
+    what only it held are gone (gc.collect: and what cycles held)."""
+    @functools.wraps(job)
+    def run_then_release(cfg: Config):
+        try:
+            return job(cfg)
+        finally:
+            gc.collect()
+            release_memory()
+    return run_then_release
+
+
+@_then_release
 def train(cfg: Config) -> Path:
     """Run (or resume) RL training; return the run folder."""
     with terminate_as_exit():
@@ -40,11 +59,13 @@ def train(cfg: Config) -> Path:
             run.close()
 
 
+@_then_release
 def sft(cfg: Config) -> Path:
     """Run (or resume) supervised fine-tuning; return the run folder."""
     return supervised.run(build_sft(cfg))
 
 
+@_then_release
 def evaluate(cfg: Config) -> dict[str, float]:
     """Evaluate `model.path` on `data.eval` with the training workflow (and tools); writes
     runs/<name>/eval/ and returns the metrics."""
@@ -56,11 +77,13 @@ def evaluate(cfg: Config) -> dict[str, float]:
             run.close()
 
 
+@_then_release
 def generate(cfg: Config) -> dict:
     """Play the agent loop against `generate.endpoint` (or the scripted teacher); returns counts."""
     return generation.run(build_generate(cfg))
 
 
+@_then_release
 def curriculum(cfg: Config) -> Path:
     """Measure the starting model's pass rate on every data.train task (`seekrl eval`'s evaluator,
     data.curriculum_k samples each) and write the data.curriculum cache (data/curriculum.py); a

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["METRICS", "documented", "undocumented"]
+__all__ = ["METRICS", "MACHINE_PREFIXES", "documented", "undocumented", "reproducible"]
 
 # name -> (written by, meaning)
 METRICS: dict[str, tuple[str, str]] = {
@@ -81,6 +81,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "time/step_s": ("rl, sft", "seconds of the whole step"),
     "time/eval_s": ("rl", "seconds of the step's evaluation (steps with eval/* only)"),
     "tokens/sampled": ("rl", "tokens sampled by the policy in the step"),
+    "memory/rss_gib": ("rl, sft", "the process's resident memory at the end of the step, after glibc's free pages went back to the system (seekrl/memory.py; Linux only)"),
+    "memory/trimmed_gib": ("rl, sft", "free pages glibc gave back at the end of the step (malloc_trim; 0 with other C libraries)"),
     "epoch": ("rl, sft", "passes over the training tasks so far"),
     # the update (train/policy.py)
     "loss/policy": ("rl", "policy loss of the step (minibatch-weighted)"),
@@ -168,3 +170,12 @@ def undocumented(keys) -> list[str]:
     if isinstance(keys, dict):
         keys = keys.keys()
     return sorted({k for k in keys if not documented(k)})
+
+
+MACHINE_PREFIXES = ("time/", "memory/")  # what the machine and its load decide, not the run's seed and data
+
+
+def reproducible(row: dict) -> dict:
+    """A metrics row without its seconds and memory (`MACHINE_PREFIXES`): what a resumed run, or
+    the same run on another engine, must reproduce exactly."""
+    return {k: v for k, v in row.items() if not k.startswith(MACHINE_PREFIXES)}

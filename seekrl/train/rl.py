@@ -39,6 +39,7 @@ from seekrl.algo.config import AlgoConfig
 from seekrl.data.sets import TaskSets
 from seekrl.engines.base import InferenceEngine
 from seekrl.evaluate import EvalConfig, evaluate
+from seekrl.memory import release as release_memory
 from seekrl.observe.config import LogConfig
 from seekrl.observe.loggers import SAMPLES_DIR, NullLogger, RunLogger
 from seekrl.observe.progress import Progress
@@ -179,6 +180,7 @@ async def rl_step(rl: RLRun, step: int) -> dict[str, float]:
     out["time/step_s"] = time.perf_counter() - t0
     out["tokens/sampled"] = float(sum(t.num_sampled for t in trajs)) if trajs else 0.0
     out["epoch"] = float(rl.tasks.iterator.epoch)
+    out.update(release_memory())  # the step's freed pages back to the system: memory/rss_gib (seekrl/memory.py)
     if rl.engine is not None:
         out.update(rl.engine.metrics())  # engine/server_failures, ... (remote engines)
     return out

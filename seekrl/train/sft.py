@@ -61,6 +61,7 @@ from seekrl.algo.head_logprob import head_logprob_entropy, worth_chunking
 from seekrl.data.iterator import TaskIterator
 from seekrl.data.loaders import read_rows
 from seekrl.errors import DataError
+from seekrl.memory import release as release_memory
 from seekrl.models import encode_chat, unwrap_peft
 from seekrl.observe.config import LogConfig
 from seekrl.observe.loggers import RunLogger
@@ -345,6 +346,7 @@ def run(s: SFTRun) -> Path:
             metrics = {
                 "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens/assistant": n_label,
                 "tokens/s": n_tok / dt, "time/step_s": dt, "epoch": batches.epoch, **guard.end_step(),
+                **release_memory(),  # the step's freed pages back to the system (seekrl/memory.py)
             }
             if s.eval_examples and (step == t.steps or (s.eval_every and step % s.eval_every == 0)):
                 metrics["eval/loss"] = eval_loss(model, s.eval_examples, t.micro_batch_tokens, pad_id, device, pack)

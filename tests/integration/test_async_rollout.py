@@ -29,7 +29,7 @@ from seekrl.engines.base import text_decoder
 from seekrl.engines.local import LocalEngine
 from seekrl.jobs import train
 from seekrl.observe.loggers import read_metrics
-from seekrl.observe.metrics import undocumented
+from seekrl.observe.metrics import reproducible, undocumented
 from seekrl.rewards.rubric import Rubric
 from seekrl.rollout import episode_params, stable_seed
 from seekrl.rollout.executor import AsyncRollout, staleness
@@ -354,7 +354,7 @@ ASYNC_METRICS = ("rollout/staleness/mean", "rollout/staleness/max", "rollout/int
 
 
 def _comparable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "rollout/queue"} for r in rows]
+    return [{k: v for k, v in reproducible(r).items() if k != "rollout/queue"} for r in rows]
 
 
 def test_async_with_zero_staleness_gives_the_sync_results(tmp_path):

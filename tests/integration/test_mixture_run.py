@@ -10,7 +10,7 @@ from collections import Counter
 from seekrl.config import load_config
 from seekrl.jobs import train
 from seekrl.observe.loggers import read_metrics
-from seekrl.observe.metrics import undocumented
+from seekrl.observe.metrics import reproducible, undocumented
 
 MIXTURE = "data.train=[{name: 'tiny:copy', weight: 3}, {name: 'tiny:add', weight: 1}]"
 
@@ -26,7 +26,7 @@ def cfg(tmp_path, name, *overrides):
 
 
 def _comparable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [reproducible(r) for r in rows]
 
 
 def _step_tasks(run, step):

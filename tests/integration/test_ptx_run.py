@@ -23,7 +23,7 @@ from seekrl.config import ConfigError, load_config
 from seekrl.errors import DataError
 from seekrl.jobs import train
 from seekrl.observe.loggers import read_metrics
-from seekrl.observe.metrics import undocumented
+from seekrl.observe.metrics import reproducible, undocumented
 from seekrl.observe.stats import StatsTracker
 from seekrl.train.batch import TokenBatch
 from seekrl.train.ptx import PtxAnchor
@@ -130,7 +130,7 @@ def cfg(tmp_path, name, *overrides):
 
 
 def _comparable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [reproducible(r) for r in rows]
 
 
 def test_rl_run_learns_the_examples_and_resumes_the_draw(tmp_path):

@@ -18,7 +18,7 @@ from seekrl.algo.advantages import zero_std_group_mask
 from seekrl.config import load_config
 from seekrl.jobs import train
 from seekrl.observe.loggers import read_metrics
-from seekrl.observe.metrics import undocumented
+from seekrl.observe.metrics import reproducible, undocumented
 
 G, B = 8, 4
 
@@ -35,7 +35,7 @@ def cfg(tmp_path, name, *overrides):
 
 
 def _comparable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [reproducible(r) for r in rows]
 
 
 def _groups(run, step):

@@ -22,7 +22,7 @@ import torch
 from seekrl.config import load_config
 from seekrl.jobs import train
 from seekrl.observe.loggers import read_metrics
-from seekrl.observe.metrics import undocumented
+from seekrl.observe.metrics import reproducible, undocumented
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +97,7 @@ def small_cfg(tmp_path, name, *overrides):
 
 
 def _comparable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [reproducible(r) for r in rows]
 
 
 @pytest.mark.parametrize(
@@ -147,6 +147,7 @@ def test_run_folder_contents(tmp_path):
     for key in ("reward/mean", "reward/std", "loss/policy", "kl", "entropy", "response_len/mean", "time/step_s"):
         assert key in rows[1], key
     assert "eval/reward" in rows[0] and "eval/reward" in rows[-1]
+    assert all(r["memory/rss_gib"] > 0.05 and r["memory/trimmed_gib"] >= 0 for r in rows[1:])  # seekrl/memory.py, each step
     assert undocumented({k for r in rows for k in r}) == []
     samples = [json.loads(line) for line in (run / "trajectories" / "step_2.jsonl").read_text().splitlines()]
     assert samples and all("segments" in s and "reward_parts" in s for s in samples)

@@ -189,7 +189,7 @@ def test_sft_learns_a_copy_task_and_checkpoints_load(tmp_path):
     first, last = metrics[1]["loss"], metrics[-1]["loss"]
     assert last < 0.5 * first, (first, last)
     assert metrics[-1]["eval/loss"] < 0.5 * metrics[0]["eval/loss"]
-    for key in ("lr", "tokens/s", "time/step_s"):
+    for key in ("lr", "tokens/s", "time/step_s", "memory/rss_gib"):
         assert metrics[-1][key] > 0
     assert undocumented({k for m in metrics for k in m}) == []
 
