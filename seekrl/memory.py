@@ -8,11 +8,13 @@ the live tensors hold:
 - `limit_malloc_arenas()` caps the arenas at 2 (the `seekrl` command calls it before torch is
   imported; an explicit `MALLOC_ARENA_MAX` wins). Without it SmolLM2 GRPO on a CPU grew from 7 to
   24 GiB in 9 steps (RESULTS.md, the HotpotQA recipe).
-- `release()` calls `malloc_trim(0)`, which hands the arenas' free pages back. The RL loop calls
-  it after every step, and the jobs after every stage, so a recipe that runs many stages in one
-  process does not carry the last stage's free pages into the next. Measured on SmolLM2-135M GRPO
-  (HotpotQA branch configuration, one step of 16 episodes x 4 answers, 2-core CPU): 4.71 GiB
-  resident after the step, 1.69 GiB after the trim, with 1.18 GiB of live tensors.
+- `release()` calls `malloc_trim(0)`, which hands the arenas' free pages back. The RL and SFT
+  loops call it after every step (metrics `memory/rss_gib`, `memory/trimmed_gib`), and every job
+  of seekrl/jobs.py once it has released its components, so a recipe that runs many stages in one
+  process does not carry one stage's free pages into the next. Measured on SmolLM2-135M GRPO (the
+  HotpotQA recipe's branch configuration, one step of 16 episodes x 4 answers, 2-core CPU): 4.49
+  GiB resident after the step, 1.61 GiB after the trim, 1.10 GiB of it live tensors
+  (BENCHMARKS.md, "Resident memory").
 
 Other C libraries (musl, macOS) have neither call; both functions then do nothing, and
 `resident_gib()` reads /proc where it exists.
