@@ -5,7 +5,7 @@
         rollout.batch_size=16 rollout.refill=false                # SmolLM2 with search (the recipe's GRPO config)
 
 Each arm is a child process that runs `seekrl train` on the config for `--steps` steps in a
-temporary folder (2 malloc arenas, as the `seekrl` command sets them):
+temporary folder (2 malloc arenas, as importing seekrl sets them):
 
 - "trim": as seekrl runs (seekrl/memory.py: `malloc_trim(0)` after every step);
 - "keep": the same run with the trim left out (`seekrl.memory.release` only reads the resident set).
@@ -32,8 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, sys
-from seekrl import memory
-memory.limit_malloc_arenas()
+from seekrl import memory  # importing seekrl sets 2 malloc arenas, as in every seekrl process
 if sys.argv[1] == "keep":
     memory.release = lambda: {"memory/rss_gib": memory.resident_gib(), "memory/trimmed_gib": 0.0}
 from seekrl import jobs

@@ -4,7 +4,12 @@ See README.md for the quickstart and ../shared/DESIGN.md (the project's design p
 data flow and contracts.
 """
 
+from seekrl.memory import limit_malloc_arenas
 from seekrl.types import Completion, SamplingParams, Task, Trajectory, TrajectoryGroup
+
+# At most 2 glibc malloc arenas for any process that imports seekrl (the `seekrl` command, a
+# script calling seekrl.jobs, a trainer rank), set before seekrl imports torch (seekrl/memory.py).
+limit_malloc_arenas()
 
 __all__ = ["Task", "SamplingParams", "Completion", "Trajectory", "TrajectoryGroup"]
 __version__ = "0.1.0"

@@ -35,13 +35,7 @@ from pathlib import Path
 # on an idle machine. Set before torch is imported; an explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# glibc's per-thread malloc arenas keep the pages that tensors of ever-changing sizes free: at most
-# 2 (seekrl/memory.py), set before torch is imported and its threads start.
-from seekrl.memory import limit_malloc_arenas  # noqa: E402
-
-limit_malloc_arenas()
-
-from seekrl.servers.flags import engine_flags, index_flags, policy_flags  # noqa: E402 (after the malloc setting)
+from seekrl.servers.flags import engine_flags, index_flags, policy_flags  # noqa: E402 (after the OpenMP setting)
 
 __all__ = ["main", "parser"]
 

@@ -5,8 +5,8 @@ sampling thread, the update's worker thread, the trainer). glibc keeps freed mem
 for reuse instead of returning it to the operating system, so the resident set grows far past what
 the live tensors hold:
 
-- `limit_malloc_arenas()` caps the arenas at 2 (the `seekrl` command calls it before torch is
-  imported; an explicit `MALLOC_ARENA_MAX` wins). Without it SmolLM2 GRPO on a CPU grew from 7 to
+- `limit_malloc_arenas()` caps the arenas at 2 (importing seekrl calls it, before seekrl imports
+  torch; an explicit `MALLOC_ARENA_MAX` wins). Without it SmolLM2 GRPO on a CPU grew from 7 to
   24 GiB in 9 steps (RESULTS.md, the HotpotQA recipe).
 - `release()` calls `malloc_trim(0)`, which hands the arenas' free pages back. The RL and SFT
   loops call it after every step (metrics `memory/rss_gib`, `memory/trimmed_gib`), and every job
@@ -23,6 +23,7 @@ Other C libraries (musl, macOS) have neither call; both functions then do nothin
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -32,6 +33,7 @@ _M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
 _GIB = float(1 << 30)
 
 
+@functools.cache  # loaded once: release() runs every training step
 def _libc():
     if not sys.platform.startswith("linux"):
         return None
