@@ -4,12 +4,15 @@ See README.md for the quickstart and ../shared/DESIGN.md (the project's design p
 data flow and contracts.
 """
 
-from seekrl.memory import limit_malloc_arenas
-from seekrl.types import Completion, SamplingParams, Task, Trajectory, TrajectoryGroup
+from seekrl.memory import limit_malloc_arenas, use_huge_pages
 
-# At most 2 glibc malloc arenas for any process that imports seekrl (the `seekrl` command, a
-# script calling seekrl.jobs, a trainer rank), set before seekrl imports torch (seekrl/memory.py).
+# At most 2 glibc malloc arenas, and PyTorch's large CPU tensors on huge pages, for any process
+# that imports seekrl (the `seekrl` command, a script calling seekrl.jobs, a trainer rank), set
+# before seekrl imports torch (seekrl/memory.py).
 limit_malloc_arenas()
+use_huge_pages()
+
+from seekrl.types import Completion, SamplingParams, Task, Trajectory, TrajectoryGroup  # noqa: E402
 
 __all__ = ["Task", "SamplingParams", "Completion", "Trajectory", "TrajectoryGroup"]
 __version__ = "0.1.0"

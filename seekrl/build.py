@@ -35,7 +35,7 @@ from seekrl.engines.weights import write_weights
 from seekrl.errors import CheckpointError, ConfigError
 from seekrl.evaluate import EvalRun
 from seekrl.generate import GenerateRun, OpenAIChatEngine
-from seekrl.models import ModelConfig, load_policy, make_value_model, seed_everything, unwrap_peft
+from seekrl.models import ModelConfig, load_policy, make_value_model, native_bf16, seed_everything, unwrap_peft
 from seekrl.observe.config import run_dir as run_folder_of
 from seekrl.parallel.controller import FollowerRollout, LeaderRollout
 from seekrl.parallel.fsdp import is_sharded, shard_model
@@ -55,7 +55,7 @@ from seekrl.train.rl import RLRun
 from seekrl.train.sft import SFTRun, load_sft_rows, tiny_texts, tokenize_examples
 from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher, teacher_folder, teacher_plan, tokenizer_problem
 
-__all__ = ["run_folder", "sampler_settings", "build_workflow", "rollout_workflow", "build_rl", "policy_trainer", "ptx_anchor", "critic_trainer", "build_eval",
+__all__ = ["run_folder", "engine_dtype", "sampler_settings", "build_workflow", "rollout_workflow", "build_rl", "policy_trainer", "ptx_anchor", "critic_trainer", "build_eval",
            "build_curriculum", "curriculum_cache_key", "curriculum_seed", "eval_in_flight", "build_sft", "build_generate",
            "write_initial_weights", "local_engine", "check_teacher", "build_teacher", "check_chat_template", "check_agent",
            "check_rewards_apply"]
@@ -74,9 +74,24 @@ def run_folder(cfg: Config, write: bool = True) -> Path:
     return run_dir
 
 
-def sampler_settings(cfg: Config) -> SamplerSettings:
-    """How seekrl's own engines sample: model.dtype / device, rollout.engine_batch_size / compile / reuse_kv_tokens, train.seed."""
-    return SamplerSettings(dtype=cfg.model.dtype, device=cfg.model.device, max_batch_size=cfg.rollout.engine_batch_size,
+def engine_dtype(cfg: Config, device_type: str | None = None) -> str:
+    """engine.dtype as the engine loads it: auto is model.dtype; bf16_if_native is bfloat16 where
+    `device_type` (default: model.device's) computes bf16 natively (seekrl.models.native_bf16),
+    model.dtype elsewhere."""
+    d = cfg.engine.dtype
+    if d == "auto":
+        return cfg.model.dtype
+    if d == "bf16_if_native":
+        if device_type is None:
+            dev = cfg.model.device
+            device_type = "cuda" if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()) else "cpu"
+        return "bfloat16" if native_bf16(device_type) else cfg.model.dtype
+    return d
+
+
+def sampler_settings(cfg: Config, device_type: str | None = None) -> SamplerSettings:
+    """How seekrl's own engines sample: engine.dtype (`engine_dtype`), model.device, rollout.engine_batch_size / compile / reuse_kv_tokens, train.seed."""
+    return SamplerSettings(dtype=engine_dtype(cfg, device_type), device=cfg.model.device, max_batch_size=cfg.rollout.engine_batch_size,
                            seed=cfg.train.seed, compile=cfg.rollout.compile, reuse_kv_tokens=cfg.rollout.reuse_kv_tokens)
 
 
@@ -185,7 +200,7 @@ def _engine(cfg: Config, model, tokenizer, run_dir: Path) -> InferenceEngine:
     trainer steps: from a copy of the weights (with max_staleness 0 nothing is sampled during an
     update, so they stay shared)."""
     r = cfg.rollout
-    return make_engine(cfg.engine, model, tokenizer, run_dir, sampler_settings(cfg),
+    return make_engine(cfg.engine, model, tokenizer, run_dir, sampler_settings(cfg, next(model.parameters()).device.type),
                        copy_weights=r.mode == "async" and r.max_staleness > 0)
 
 

@@ -198,8 +198,9 @@ def _check_between(cfg: Config) -> None:
         if a.name not in (*GROUP_ALGOS, "distill"):
             raise ConfigError(f"rollout.agent episodes whose calls do not extend each other train one sample per call, with their episode's "
                               f"advantage from a group baseline; algo.name={a.name} takes returns along one sequence: use grpo, dr_grpo, rloo or distill")
-    if r.group_size < 2 and a.name in GROUP_ALGOS:
-        raise ConfigError(f"rollout.group_size: {a.name} needs at least 2 samples per task for its group baseline")
+    if r.group_size * r.answer_branches < 2 and a.name in GROUP_ALGOS:  # one episode and its answer branches are a group too
+        raise ConfigError(f"rollout.group_size: {a.name} needs at least 2 samples per task for its group baseline "
+                          "(rollout.group_size >= 2, or one episode with rollout.answer_branches >= 2)")
     if r.refill and not a.filter_zero_std:
         raise ConfigError("rollout.refill=true replaces the groups algo.filter_zero_std drops; set algo.filter_zero_std=true "
                           "(or rollout.refill=false)")

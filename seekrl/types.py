@@ -86,6 +86,8 @@ class Trajectory:
     turn_prompts: list[list[int] | None] | None = None  # stepwise layout: each turn's prompt ids where they are not prompt_ids + completion_ids[:start] (None there); None: prefix layout
     turn_rewards: list[float] | None = None  # one reward per turn, when a reward function gives them (Rubric)
     temperature: float | None = None  # sampled at this temperature, not the run's (rollout.branch_temperature); the trainer scores it there
+    branch_set: int | None = None  # rollout.answer_branches: its answer-branch set in the task's group (an episode and its branches share one); None: no branches
+    shared_tokens: int = 0  # the set's episode: the leading completion tokens its branches share (masked in them); 0 otherwise (algo.branch_credit)
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

@@ -32,6 +32,10 @@ What is here, and the papers it follows:
   arrives after the last turn); `turn_advantages` turns per-turn rewards into per-turn
   advantages: discounted returns over the remaining turns, with the group baseline taken among
   the group's episodes at the same turn position.
+- Answer branches (rollout.answer_branches: an episode and K - 1 answers sampled again from its
+  history): `shared_history_advantages` credits the history the set shares with the mean
+  advantage of the set's rows (Tree-GRPO, Ji et al. 2025: a tree node's value is the mean of its
+  leaves'), each answer with its own.
 
 Run the tests: `python -m pytest tests/unit/test_advantages.py -q`.
 """
@@ -54,6 +58,7 @@ __all__ = [
     "zero_std_group_mask",
     "episode_group_advantages",
     "episode_sum",
+    "shared_history_advantages",
     "turn_discount",
     "turn_advantages",
     "KL_KINDS",
@@ -177,6 +182,31 @@ def episode_group_advantages(
     if not torch.equal(rewards_B, rewards_B[first_E][inv_B]) or not torch.equal(group_ids_B, group_ids_B[first_E][inv_B]):
         raise ValueError("the rows of one episode must share its reward and group")
     return group_advantages(rewards_B[first_E], group_ids_B[first_E], baseline, scale, eps)[inv_B]
+
+
+@torch.no_grad()
+def shared_history_advantages(adv_B: torch.Tensor, set_ids_B: torch.Tensor, shared_B: torch.Tensor, width: int) -> torch.Tensor:
+    """Answer-branch credit (rollout.answer_branches, algo.branch_credit=mean): `(B, width)`, row b's
+    advantage `adv_B[b]` at every column, except its first `shared_B[b]` columns, which get the mean
+    advantage of the rows of its set (`set_ids_B`, -1: in none). The history an episode's branches
+    share is one node of a tree whose leaves are the set's answers: its advantage is the mean of
+    theirs (Tree-GRPO's node value), an estimate of the same quantity as the episode's own
+    advantage with less variance; with one episode per task (G = 1) it is exactly 0 under a mean
+    baseline, since the set is the whole group."""
+    _check_same_shape("adv_B", adv_B, "set_ids_B", set_ids_B)
+    _check_same_shape("adv_B", adv_B, "shared_B", shared_B)
+    adv_B = _float(adv_B)
+    out_BC = adv_B[:, None].expand(-1, width).clone()
+    in_set_B = set_ids_B >= 0
+    if not bool((in_set_B & (shared_B > 0)).any()):
+        return out_BC
+    _, inv_B = torch.unique(torch.where(in_set_B, set_ids_B, -1), return_inverse=True)
+    n = int(inv_B.max().item()) + 1
+    sums = torch.zeros(n, dtype=adv_B.dtype).index_add_(0, inv_B, adv_B)
+    counts = torch.zeros(n, dtype=adv_B.dtype).index_add_(0, inv_B, torch.ones_like(adv_B))
+    mean_B = (sums / counts)[inv_B]
+    cols_BC = torch.arange(width)[None, :] < torch.where(in_set_B, shared_B, 0)[:, None]
+    return torch.where(cols_BC, mean_B[:, None], out_BC)
 
 
 @torch.no_grad()

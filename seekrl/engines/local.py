@@ -84,7 +84,7 @@ def _as_id_set(*values) -> set[int]:
 class LocalEngine:
     """An `InferenceEngine` (see base.py) over an in-process transformers causal LM."""
 
-    exact_logprobs = True  # the trainer's own code and weights (fp32 to 1e-4; see base.py)
+    exact_logprobs = True  # the trainer's own code and weights (fp32 to 1e-4; see base.py); an instance in another dtype says False
 
     def __init__(
         self,
@@ -97,10 +97,12 @@ class LocalEngine:
         compact_fraction: float = 0.25,
         compile: str | bool = "false",
         reuse_kv_tokens: int = 0,
+        exact_logprobs: bool = True,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
+        self.exact_logprobs = exact_logprobs  # False: weights in another dtype than the trainer's (engine.dtype)
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction

@@ -6,7 +6,9 @@
 
 - `engine.kind=local`: a LocalEngine on the trainer's own model (shared weights: a weight sync
   only moves the version), or on a copy of it (`copy_weights`: the async rollout with
-  `max_staleness > 0` samples while the trainer steps, and each weight sync overwrites the copy).
+  `max_staleness > 0` samples while the trainer steps; or `settings.dtype`, engine.dtype, is not
+  the policy's: the copy is in that dtype and its log-probs are not exact), and each weight sync
+  overwrites the copy.
   `settings.compile` picks its decode: DynamicCache, or a static KV cache with a torch.compile'd
   step (static_decode.py).
 - `engine.urls`: a RemoteEngine on servers that already run.
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import copy
 import os
+
+import torch
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,10 +67,12 @@ def make_engine(e: EngineConfig, model, tokenizer, run_dir: str | os.PathLike, s
                 copy_weights: bool = False) -> InferenceEngine:
     """The run's InferenceEngine (see the module docstring)."""
     if e.kind == "local":
-        if copy_weights:  # it samples while the trainer steps: a copy, synced at each publish
-            model = copy.deepcopy(model).requires_grad_(False)
+        dtype = _DTYPES[settings.dtype]
+        own = next(model.parameters()).dtype != dtype  # engine.dtype other than the policy's: a copy in it, synced at each publish
+        if copy_weights or own:  # (copy_weights: it samples while the trainer steps)
+            model = copy.deepcopy(model).requires_grad_(False).to(dtype)
         return LocalEngine(model, tokenizer, max_batch_size=settings.max_batch_size, seed=settings.seed, compile=settings.compile,
-                           reuse_kv_tokens=settings.reuse_kv_tokens)
+                           reuse_kv_tokens=settings.reuse_kv_tokens, exact_logprobs=not own)
     from seekrl.engines.adapters import get_api
     from seekrl.engines.remote import RemoteEngine
     from seekrl.engines.weights import write_weights
@@ -89,6 +95,8 @@ def make_engine(e: EngineConfig, model, tokenizer, run_dir: str | os.PathLike, s
     exact = server_kind(e) == "seekrl" and settings.dtype == "float32"  # same code, same fp32 weights: the trainer's log-probs
     return RemoteEngine(group.urls, **common, exact_logprobs=exact, on_close=group.stop)
 
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 VLLM_VENV = ".venv-vllm"  # what `make vllm` builds: vLLM's CPU build, which pins its own torch and transformers
 

@@ -90,8 +90,9 @@ class RolloutConfig:
         if self.refill and self.mode != "sync":
             raise ConfigError("rollout.refill=true works with rollout.mode=sync only (an async step's groups were admitted "
                               "before they were scored); set rollout.mode=sync or rollout.refill=false")
-        if self.refill and self.group_size < 2:
-            raise ConfigError("rollout.refill=true needs rollout.group_size >= 2: a group of one sample never has reward spread")
+        if self.refill and self.group_size * self.answer_branches < 2:
+            raise ConfigError("rollout.refill=true needs rollout.group_size >= 2 (or rollout.answer_branches >= 2): "
+                              "a group of one sample never has reward spread")
         if self.max_concurrent is not None and self.max_concurrent < self.group_size:
             raise ConfigError(f"rollout.max_concurrent ({self.max_concurrent}) must be at least rollout.group_size ({self.group_size}): "
                               "a task's G episodes start together; raise it or leave it unset (= rollout.batch_size)")

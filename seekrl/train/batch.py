@@ -20,6 +20,9 @@ stepwise) is one row per turn, its prompt the exact ids the engine was given for
 completion the turn's sampled tokens. `episode_ids_B` says which rows are one episode (the group
 baseline counts episodes, train/estimate.py), `turn_BC` / `turns_B` which turn of how many a token
 belongs to (turn discount, turn-level advantages), `turn_rewards` the episode's per-turn rewards.
+Answer branches (rollout.answer_branches): `branch_set_B` says which rows are one episode and its
+branches, `shared_B` how many leading tokens of the episode's row its branches share (the
+history they copy, masked in them; algo.branch_credit credits it).
 
 Micro-batches take rows of these tensors (`rows`), never lists: the batch goes to tensors once.
 Values computed on the batch are zero past each row's end, as the rows they came from.
@@ -61,6 +64,8 @@ class TokenBatch:
     turns_B: torch.Tensor | None = None  # long: the number of turns of the row's episode
     turn_rewards: list[list[float] | None] | None = None  # per row: its episode's per-turn rewards (None: the rubric gave none)
     temperature_B: torch.Tensor | None = None  # float32: the temperature a row was sampled at when its own (NaN: the run's); None: every row at the run's
+    branch_set_B: torch.Tensor | None = None  # long: the answer-branch set of each row, unique in the batch (-1: none); None: no branches
+    shared_B: torch.Tensor | None = None  # long: a set's episode row, the leading completion tokens its branches share; 0 otherwise
     old_logp_BC: torch.Tensor | None = None
     prox_alpha_BC: torch.Tensor | None = None
     ref_logp_BC: torch.Tensor | None = None
@@ -84,6 +89,9 @@ class TokenBatch:
             turn_of += [[k] * len(p.completion_ids) for k, p in enumerate(parts)] if t.stepwise else [t.turn_index()]
         C = max(1, max((len(t.completion_ids) for t in rows), default=0))
         lengths = torch.tensor([len(t.completion_ids) for t in rows])
+        sets: dict[tuple[int, int], int] = {}  # (group, set in the group) -> a batch-wide id
+        set_of = [-1 if trajs[e].branch_set is None else sets.setdefault((groups[e], trajs[e].branch_set), len(sets)) for e in episodes]
+        branched = any(s >= 0 for s in set_of)
         return cls(
             prompt_ids=[list(t.prompt_ids) for t in rows],
             completion_ids=[list(t.completion_ids) for t in rows],
@@ -100,6 +108,8 @@ class TokenBatch:
             turn_rewards=[trajs[e].turn_rewards for e in episodes],
             temperature_B=(torch.tensor([float("nan") if t.temperature is None else t.temperature for t in rows], dtype=torch.float32)
                            if any(t.temperature is not None for t in rows) else None),
+            branch_set_B=torch.tensor(set_of, dtype=torch.long) if branched else None,
+            shared_B=torch.tensor([t.shared_tokens for t in rows], dtype=torch.long) if branched else None,
         )
 
     @classmethod
@@ -157,6 +167,8 @@ class TokenBatch:
             turns_B=None if self.turns_B is None else self.turns_B[rows],
             turn_rewards=None if self.turn_rewards is None else [self.turn_rewards[i] for i in rows],
             temperature_B=None if self.temperature_B is None else self.temperature_B[rows],
+            branch_set_B=None if self.branch_set_B is None else self.branch_set_B[rows],
+            shared_B=None if self.shared_B is None else self.shared_B[rows],
         )
 
     def rows(self, x_BC: torch.Tensor, rows: list[int], width: int, device) -> torch.Tensor:

@@ -21,6 +21,11 @@ either layout (1 with the default turn_gamma = 1). With `turn_advantage`, the pe
 (`batch.turn_rewards`) give per-turn advantages (algo/advantages.py `turn_advantages`, same
 baseline and scale as the outcome's), added on each turn's tokens.
 
+Answer branches (rollout.answer_branches; `batch.branch_set_B`, `batch.shared_B`): a branch's
+tokens get its own advantage. The history the set's episode shares with its branches gets the
+mean advantage of the set (`branch_credit="mean"`, algo/advantages.py
+`shared_history_advantages`) or the episode's own (`"episode"`, one sample of the same value).
+
 On-policy distillation (`batch.teacher_logp_BC` filled in by the step's teacher): `distill` is the
 teacher's dense reward alone (plus `-coef * kl_t` per token with a reference KL in the reward);
 any other estimator with `distill_coef > 0` gets `distill_coef * (log p_teacher - log p_student)`
@@ -38,6 +43,7 @@ from seekrl.algo.advantages import (
     episode_group_advantages,
     episode_sum,
     gae,
+    shared_history_advantages,
     kl_estimate,
     token_rewards_with_kl,
     turn_advantages,
@@ -93,6 +99,7 @@ def task_advantages(
     lam: float = 1.0,
     turn_gamma: float = 1.0,
     turn_advantage: bool = False,
+    branch_credit: str = "mean",
 ) -> Estimate:
     """Advantages (and PPO's returns) of `batch` for `algo.name` from its rewards; the KL against
     the reference is taken from `batch.old_logp_BC` and `ref_logp_BC` when both are given. `distill`
@@ -114,7 +121,12 @@ def task_advantages(
         if kl_BC is not None and kl_coef_in_reward > 0:
             rewards_B = rewards_B - kl_coef_in_reward * episode_sum(kl_BC.sum(-1), batch.episode_ids_B)  # the whole episode's KL
         adv_B = episode_group_advantages(rewards_B, batch.group_ids_B, batch.episode_ids_B, **opts)
-        adv_BC = adv_B[:, None] * mask_BC
+        if branch_credit == "mean" and batch.branch_set_B is not None:  # answer branches: the shared history gets its set's mean
+            adv_BC = shared_history_advantages(adv_B, batch.branch_set_B, batch.shared_B, batch.width) * mask_BC
+        elif branch_credit in ("mean", "episode"):
+            adv_BC = adv_B[:, None] * mask_BC
+        else:
+            raise ValueError(f"branch_credit must be 'mean' or 'episode', got {branch_credit!r}")
         if turn_gamma != 1.0 and batch.turn_BC is not None:
             adv_BC = adv_BC * turn_discount(batch.turn_BC, batch.turns_B, turn_gamma)
         if turn_advantage:

@@ -205,7 +205,7 @@ def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
     est = estimate_advantages(
         a.name, batch, ref_logp_BC=batch.ref_logp_BC, kl_coef_in_reward=kl_coef if a.kl_in == "reward" else 0.0,
         kl_estimator=a.kl_estimator, values_BC=batch.values_BC, gamma=a.gamma, lam=a.lam, distill_coef=a.distill_coef,
-        turn_gamma=a.turn_gamma, turn_advantage=a.turn_advantage,
+        turn_gamma=a.turn_gamma, turn_advantage=a.turn_advantage, branch_credit=a.branch_credit,
     )
     batch.adv_BC, batch.returns_BC = est.adv_BC, est.returns_BC
     stats.add(**est.metrics)  # distill/reverse_kl

@@ -66,8 +66,10 @@ with how it read what it found. With K > 1, each episode that ended by its last 
 branch goes on with the usual loop, so it usually answers in one call but may search again. A
 branch trains only what it sampled after that point (the shared history is masked: logprob 0.0,
 version -1); its reward is its own; it joins the task's group, so the baseline is taken over all
-episodes and branches. The shared history trains once, in the first episode, with that
-episode's advantage. With a branch temperature (rollout.branch_temperature) the branches sample
+episodes and branches. The shared history trains once, in the first episode; every row of a
+set carries `Trajectory.branch_set` and the episode `shared_tokens` (the history's length), so
+that the trainer credits the history with the set's mean advantage (algo.branch_credit=mean)
+or the episode's own (episode). With a branch temperature (rollout.branch_temperature) the branches sample
 at it and carry it (`Trajectory.temperature`), and the trainer scores their tokens there. The
 history's keys and values are reused for the branches (engines/prefix_kv.py serves a prompt
 from a stored key that extends it). Each row carries
@@ -233,10 +235,11 @@ class ToolAgentWorkflow:
             if r.unavailable and t.status == "ok":  # the judge could not score it: left out of the update, counted, not scored 0
                 t.status = "reward_unavailable"
         if self.answer_branches > 1:  # rollout/branch_spread_frac: rows of an episode's set (it and its branches) whose rewards differ
-            for ds in sets:
+            for j, ds in enumerate(sets):
                 spread = float(len(ds) > 1 and len({t.reward for t, _ in ds}) > 1)
                 for t, _ in ds:
                     t.metrics["branch_spread_frac"] = spread
+                    t.branch_set = j  # algo.branch_credit: the set's shared history is credited with the set's mean advantage
         return TrajectoryGroup(task=task, trajectories=trajs)
 
     async def _branched(self, task: Task, engine: InferenceEngine, prompt_ids: list[int],
@@ -255,6 +258,7 @@ class ToolAgentWorkflow:
         branch = [dataclasses.replace(params, seed=s, **({} if t is None else {"temperature": t})) for s in seeds]
         more = await asyncio.gather(*(self._episode(task, engine, prompt_ids, p, last) for p in branch))
         shared = len(last.traj.completion_ids)
+        traj.shared_tokens = shared
         for b, b_turns, _ in more:
             b.temperature = t  # scored at it by the trainer (None: the run's temperature)
             b.loss_mask[:shared] = [0] * shared  # the shared part trains once, in the first episode

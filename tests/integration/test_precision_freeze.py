@@ -236,3 +236,43 @@ def test_bf16_if_native_is_bf16_only_where_the_device_computes_it(tmp_path, monk
         compute.native_bf16.cache_clear()
         compute.trainer_precision.cache_clear()
 
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_engine_dtype_samples_from_a_synced_bf16_copy(tmp_path, monkeypatch, native):
+    """engine.dtype=bf16_if_native: where the CPU computes bf16 the in-process engine samples from a
+    bfloat16 copy of the fp32 policy (its log-probs not exact, so old log-probs are recomputed and
+    the mismatch correction is on), and every weight sync overwrites the copy with the trained
+    weights; elsewhere it shares the policy's weights, as engine.dtype=auto does."""
+    import asyncio
+
+    from seekrl.build import build_rl, engine_dtype
+    from seekrl.train import compute
+    from seekrl.train.rl import rl_step
+
+    monkeypatch.setattr(compute.torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native, raising=False)
+    compute.native_bf16.cache_clear()
+    try:
+        cfg = load_config("examples/tiny_grpo.yaml", [f"log.dir={tmp_path}", "log.name=rl", "log.progress=false", "train.steps=2",
+                                                      "engine.dtype=bf16_if_native", "train.lr=1e-2"])
+        assert engine_dtype(cfg, "cpu") == ("bfloat16" if native else "float32")
+        assert engine_dtype(load_config(None, []), "cpu") == "float32"  # auto: model.dtype
+        run = build_rl(cfg)
+        try:
+            engine_model = run.engine.model
+            assert (engine_model is run.model) is not native
+            assert next(engine_model.parameters()).dtype == (torch.bfloat16 if native else torch.float32)
+            assert run.engine.exact_logprobs is not native and run.reuse_engine_logprobs is not native
+            asyncio.run(run.rollout.publish(run.model, 0))
+            before = {n: p.detach().clone() for n, p in run.model.named_parameters()}
+            metrics = asyncio.run(rl_step(run, 1))
+            trained = dict(run.model.named_parameters())
+            assert any(not torch.equal(before[n], p) for n, p in trained.items())  # the policy moved
+            for n, p in engine_model.named_parameters():  # and the engine samples from it (in its own dtype)
+                assert torch.equal(p, trained[n].detach().to(p.dtype)), n
+            if native:
+                assert metrics["mismatch/kl"] > 0  # bf16 sampling against the fp32 trainer: measured, and corrected
+        finally:
+            run.close()
+    finally:
+        compute.native_bf16.cache_clear()

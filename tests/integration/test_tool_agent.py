@@ -13,6 +13,7 @@ import asyncio
 import random
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -302,6 +303,18 @@ def test_answer_branches_sample_the_last_turn_again_from_the_same_history(tiny_t
         assert [t.reward for t in (first, *branches)] == [r.total for r in own_scores]  # each scored on its own text
         batch = TokenBatch.from_trajectories([first, *branches], [0, 0, 0])
         assert batch.loss_mask_BC.sum().item() == sum(sum(t.loss_mask) for t in (first, *branches))
+        # algo.branch_credit: the set is marked, and the episode's history (and only it) trains with the set's mean advantage
+        assert {t.branch_set for t in (first, *branches)} == {0} and first.shared_tokens == shared
+        assert [t.shared_tokens for t in branches] == [0, 0]
+        assert batch.branch_set_B.tolist() == [0, 0, 0] and batch.shared_B.tolist() == [shared, 0, 0]
+        if spread:
+            from seekrl.train.estimate import task_advantages
+            own = task_advantages("dr_grpo", batch, branch_credit="episode").adv_BC
+            tree = task_advantages("dr_grpo", batch, branch_credit="mean").adv_BC  # a one-episode group: its set's mean is 0
+            assert torch.equal(own[1:], tree[1:]) and torch.equal(own[0, shared:], tree[0, shared:])
+            assert tree[0, :shared].abs().sum().item() < 1e-5
+            if 1 in first.loss_mask[:shared]:  # a sampled history (a search turn): the episode's own advantage, 0/1 rewards with spread
+                assert own[0, :shared].abs().max().item() > 0.3
     assert len(asyncio.run(base.run(TASK, ScriptedEngine(tiny_tokenizer, random.Random(seed), "ev", fmt_name), 2)).trajectories) == 2
 
 

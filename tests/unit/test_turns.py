@@ -217,6 +217,46 @@ def test_turn_advantage_by_hand_in_the_prefix_layout():
         estimate_advantages("grpo", bad, turn_advantage=True)
 
 
+def branch_set(rewards, history, own=1, g=0):
+    """An episode of `history` = [(sampled, inserted), ...] then a last turn of `own` tokens, and one
+    answer branch per further reward: the history copied and masked, its own `own` tokens (set 0)."""
+    first = episode(rewards[0], [*history, (own, 0)], stepwise=False)
+    shared = sum(n + obs for n, obs in history)
+    first.branch_set, first.shared_tokens = g, shared
+    out = [first]
+    for r in rewards[1:]:
+        b = episode(r, [*history, (own, 0)], stepwise=False)
+        b.loss_mask[:shared], b.logprobs[:shared], b.versions[:shared] = [0] * shared, [0.0] * shared, [-1] * shared
+        b.branch_set = g
+        out.append(b)
+    return out
+
+
+def test_answer_branches_credit_the_shared_history_with_the_sets_mean_advantage():
+    # one task, two episodes with 2 branches each: set 0 rewards [1, 1, 0], set 1 [0, 0, 1]; Dr. GRPO
+    # (mean .5): advantages set 0 [.5, .5, -.5] (mean 1/6), set 1 [-.5, -.5, .5] (mean -1/6).
+    trajs = branch_set([1.0, 1.0, 0.0], [(2, 3)]) + branch_set([0.0, 0.0, 1.0], [(2, 3)], g=1)
+    batch = TokenBatch.from_trajectories(trajs, [0] * 6)
+    assert batch.branch_set_B.tolist() == [0, 0, 0, 1, 1, 1] and batch.shared_B.tolist() == [5, 0, 0, 5, 0, 0]
+    tree = adv_rows(batch, estimate_advantages("dr_grpo", batch))  # branch_credit="mean", the default
+    third = pytest.approx(1 / 6, abs=1e-6)
+    assert tree[0] == [third, third, 0.0, 0.0, 0.0, pytest.approx(0.5)]  # the history's 2 sampled tokens, 3 inserted, its answer
+    assert tree[1] == [0.0] * 5 + [pytest.approx(0.5)] and tree[2] == [0.0] * 5 + [pytest.approx(-0.5)]
+    assert tree[3][:2] == [pytest.approx(-1 / 6, abs=1e-6)] * 2 and tree[3][5] == pytest.approx(-0.5)
+    own = adv_rows(batch, estimate_advantages("dr_grpo", batch, branch_credit="episode"))
+    assert own[0] == [pytest.approx(0.5)] * 2 + [0.0] * 3 + [pytest.approx(0.5)] and own[1:3] == tree[1:3]
+    # one episode per task (G = 1): the set is the group, its mean advantage 0: only the answers train
+    solo = TokenBatch.from_trajectories(branch_set([1.0, 0.0, 0.0, 1.0], [(3, 2), (1, 4)]), [0] * 4)
+    adv = adv_rows(solo, estimate_advantages("grpo", solo))
+    assert adv[0][:10] == [pytest.approx(0.0, abs=1e-6)] * 10
+    assert adv[0][10] == pytest.approx(0.5 / (torch.tensor([1.0, 0.0, 0.0, 1.0]).std().item() + 1e-6), abs=1e-5)
+    with pytest.raises(ValueError, match="branch_credit must be"):
+        estimate_advantages("grpo", solo, branch_credit="first")
+    # no branches: the estimator is the plain one (no set tensors on the batch)
+    plain = TokenBatch.from_trajectories([episode(1.0, [(2, 0)], stepwise=False), episode(0.0, [(2, 0)], stepwise=False)], [0, 0])
+    assert plain.branch_set_B is None and plain.shared_B is None
+
+
 def test_kl_in_the_reward_is_the_whole_episodes():
     # k1 = old - ref: a's two turns 1 + 1 -> 2 (coef .25: reward 1 - .5), b's 0: rewards [.5, 0] -> +-A
     a = episode(1.0, [(1, 0), (1, 0)], stepwise=True, rewritten={1})
@@ -253,6 +293,8 @@ def test_defaults_are_the_old_estimator_bit_for_bit():
     (["rollout.answer_branches=2", "rollout.trajectory=stepwise", "tools.format=search_r1", "tools.retriever=http://127.0.0.1:1/retrieve"],
      "it needs tools.format set and rollout.trajectory=prefix; set rollout.answer_branches=1"),
     (["rollout.answer_branches=0"], "rollout.answer_branches"),
+    (["rollout.group_size=1", "rollout.refill=true", "algo.filter_zero_std=true"], "needs rollout.group_size >= 2 (or rollout.answer_branches >= 2)"),
+    (["algo.branch_credit=first"], "algo.branch_credit"),
     (["rollout.branch_temperature=1.2"], "rollout.branch_temperature=1.2 is the temperature of answer branches: it needs "
                                          "rollout.answer_branches > 1"),
     (["rollout.branch_temperature=0", "rollout.answer_branches=2", "tools.format=search_r1", "tools.retriever=http://127.0.0.1:1/retrieve"],
@@ -280,6 +322,11 @@ def test_config_accepts_the_layouts():
     hot = load_config(None, ["rollout.answer_branches=4", "rollout.branch_temperature=1.2", "tools.format=search_r1",
                              "tools.retriever=http://127.0.0.1:1/retrieve"])
     assert hot.rollout.branch_temperature == 1.2 and branched.rollout.branch_temperature is None
+    solo = load_config(None, ["rollout.answer_branches=8", "rollout.group_size=1", "rollout.batch_size=16", "rollout.refill=true",
+                              "algo.filter_zero_std=true", "tools.format=search_r1", "tools.retriever=http://127.0.0.1:1/retrieve"])
+    assert solo.rollout.group_size == 1 and solo.algo.branch_credit == "mean"  # one episode and its branches are the group
+    assert load_config(None, ["rollout.answer_branches=4", "algo.branch_credit=episode", "tools.format=search_r1",
+                              "tools.retriever=http://127.0.0.1:1/retrieve"]).algo.branch_credit == "episode"
 
 
 def test_turn_advantage_without_a_per_turn_reward_fails_before_the_model_loads(tmp_path, monkeypatch):
