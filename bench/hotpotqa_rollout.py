@@ -59,11 +59,12 @@ def arm(args, name: str) -> dict:
         f"tools.retriever={d / 'index'}", f"log.dir={args.out_dir}", f"log.name={'vllm' if vllm else 'reuse' + name.replace('@', '_')}",
         "log.progress=false", f"rollout.reuse_kv_tokens={0 if vllm else int(reuse)}", "model.freeze_layers=0",
         "train.mixed_precision=fp32", *(VLLM if vllm else []), *([f"engine.dtype={dtype}"] if dtype else []),
-        *([f"rollout.answer_branches={args.branches}", f"rollout.branch_temperature={args.branch_temperature}"] if args.branches > 1 else [])])
+        *([f"rollout.answer_branches={args.branches}", f"rollout.branch_temperature={args.branch_temperature}",
+           f"rollout.branch_from={args.branch_from}"] if args.branches > 1 else [])])
     run = build_eval(cfg)  # (vLLM: the server is up when this returns)
     try:
         params = run.params if args.greedy else dataclasses.replace(run.params, temperature=cfg.rollout.temperature)
-        workflow = rollout_workflow(run.workflow, cfg.rollout.answer_branches, cfg.rollout.branch_temperature)  # GRPO's rollout
+        workflow = rollout_workflow(run.workflow, cfg.rollout.answer_branches, cfg.rollout.branch_temperature, cfg.rollout.branch_from)
         t0 = time.perf_counter()
         metrics, groups = asyncio.run(evaluate(workflow, run.engine, run.tasks, args.group, params, run.primary_reward,
                                                max_in_flight=run.max_in_flight if args.greedy else None))
@@ -106,6 +107,7 @@ def main() -> None:
     p.add_argument("--greedy", action="store_true", help="as seekrl eval samples: greedy, one engine batch in flight")
     p.add_argument("--branches", type=int, default=1, help="rollout.answer_branches of GRPO's rollout (1: none)")
     p.add_argument("--branch-temperature", type=float, default=1.0, help="rollout.branch_temperature with --branches > 1")
+    p.add_argument("--branch-from", choices=("turn", "answer"), default="turn", help="rollout.branch_from with --branches > 1")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out-dir", default="runs/bench/hotpotqa_rollout")
     p.add_argument("--out", default=None)

@@ -125,11 +125,12 @@ def build_workflow(cfg: Config, tokenizer, rubric: Rubric) -> Workflow:
     )
 
 
-def rollout_workflow(workflow: Workflow, answer_branches: int, branch_temperature: float | None = None) -> Workflow:
+def rollout_workflow(workflow: Workflow, answer_branches: int, branch_temperature: float | None = None,
+                     branch_from: str = "turn") -> Workflow:
     """The training rollout's workflow: `workflow` itself, or with rollout.answer_branches > 1 the
-    tool agent that samples each episode's last turn that many times, the branches at
-    rollout.branch_temperature (evaluation keeps `workflow`)."""
-    return workflow if answer_branches == 1 else workflow.with_answer_branches(answer_branches, branch_temperature)
+    tool agent that samples each episode's last turn (or its answer's text: rollout.branch_from)
+    that many times, the branches at rollout.branch_temperature (evaluation keeps `workflow`)."""
+    return workflow if answer_branches == 1 else workflow.with_answer_branches(answer_branches, branch_temperature, branch_from)
 
 
 def _task_sets(cfg: Config, curriculum: bool = False) -> TaskSets:
@@ -338,7 +339,7 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
     from_update = (t.recompute_logprobs == "auto" and not reuse and t.ppo_epochs == 1 and one_minibatch
                    and r.mode == "sync" and not a.decoupled and not kl_read_before and a.name != "distill")
     if ranks.is_main:
-        rollout = make_rollout(r, rollout_workflow(workflow, r.answer_branches, r.branch_temperature), engine, tasks.iterator, sampling_params(r), seed=t.seed,
+        rollout = make_rollout(r, rollout_workflow(workflow, r.answer_branches, r.branch_temperature, r.branch_from), engine, tasks.iterator, sampling_params(r), seed=t.seed,
                                decode=text_decoder(tokenizer))
         rollout = LeaderRollout(rollout, ranks, full_model) if ranks.distributed else rollout
     else:

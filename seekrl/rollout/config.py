@@ -51,6 +51,8 @@ class RolloutConfig:
     """Training rollout with tools.format (prefix layout): each episode that ends by its last turn's decision is sampled this many times from its state before that last engine call; the branches train only what they sampled, join the task's group, and share the history's KV cache (workflows/tool_agent.py). 1: off. Evaluation never branches."""
     branch_temperature: float | None = None
     """With rollout.answer_branches > 1: the temperature the branches sample at (the trainer scores each branch's tokens at it, the episodes' at rollout.temperature); none = rollout.temperature. Higher makes the answers read from one history differ more."""
+    branch_from: Literal["turn", "answer"] = "turn"
+    """With rollout.answer_branches > 1, where a branch starts: turn (the episode's last engine call again, from the state before it: the branch may answer otherwise or search again) | answer (after the opening tag of the episode's answer, copied: the branch samples only the answer's text, so the branches compare readings of one history and never train the choice between answering and searching; only episodes whose last turn opened an answer branch; text formats only)."""
     mode: Literal["sync", "async"] = "sync"
     """sync (roll out a batch, then train on it) | async (episodes keep running on the engine while the trainer steps; AReaL)."""
     max_staleness: Annotated[int, Range(ge=0, text=">= 0 (0 trains only on tokens of the current policy)")] = 2

@@ -3,7 +3,8 @@
 Each format has `name`, `stop` (the stop strings of a tool turn), `answer_stop` (those of the
 last, tool-less turn), `parse(turn_text) -> Parsed`, `observation(results, tokenizer) -> ids`,
 `invalid_observation(tokenizer) -> ids` and `tail` (the text that closes an observation, kept
-when the workflow truncates a long one). The text formats (search_r1, dr_tulu) also have
+when the workflow truncates a long one). The text formats' `answer_open` is the text that opens an
+answer (answer branches from it: rollout.branch_from=answer; hermes has none). The text formats (search_r1, dr_tulu) also have
 `observation_text(results)` and `invalid_text`: the same observations as text, for the loop
 that talks to chat endpoints (seekrl/generate.py). Observation ids are encoded with
 `tokenizer.encode(text, add_special_tokens=False)`; they are inserted tokens. The turn's own
@@ -83,6 +84,7 @@ class SearchR1Format:
     name = "search_r1"
     stop: tuple[str, ...] = ("</search>", "</answer>")
     answer_stop: tuple[str, ...] = ("</answer>",)
+    answer_open = "<answer>"  # what opens an answer (rollout.branch_from=answer branches after it)
     tail = "</information>\n\n"
     invalid_text = INVALID_SEARCH_R1
     answer_requires_stop = False
@@ -116,6 +118,7 @@ class DrTuluFormat:
     name = "dr_tulu"
     stop: tuple[str, ...] = ("</call_tool>", "</answer>")
     answer_stop: tuple[str, ...] = ("</answer>",)
+    answer_open = "<answer>"
     tail = "</tool_output>\n"
     invalid_text = (
         "\nMy previous action is invalid. To use a tool, write "

@@ -189,6 +189,7 @@ class ToolAgentWorkflow:
         self.trajectory = trajectory
         self.answer_branches = answer_branches
         self.branch_temperature: float | None = None  # with_answer_branches: the branches' own temperature
+        self.branch_from = "turn"  # with_answer_branches: "turn" (the last turn again) | "answer" (only the answer's text)
         renders_turns = hasattr(fmt, "history_rewrite")  # hermes: observations rendered by the chat template
         self.rerender = trajectory == "stepwise" and renders_turns
         if trajectory == "prefix" and renders_turns:
@@ -204,15 +205,20 @@ class ToolAgentWorkflow:
         """The tools' run-level counters (`tools/<name>/<counter>`), in every step's metrics."""
         return self.executor.metrics()
 
-    def with_answer_branches(self, k: int, temperature: float | None = None) -> ToolAgentWorkflow:
+    def with_answer_branches(self, k: int, temperature: float | None = None, branch_from: str = "turn") -> ToolAgentWorkflow:
         """This workflow (same tools, rubric, format) sampling `k` versions of each episode's last
-        turn, the branches at `temperature` (None: the episode's); the run's training rollout uses
-        it, its evaluation the workflow itself."""
+        turn (`branch_from="turn"`) or of its answer's text only (`"answer"`: after the format's
+        `answer_open`, module docstring), the branches at `temperature` (None: the episode's); the
+        run's training rollout uses it, its evaluation the workflow itself."""
         _check_branches(k, self.trajectory)
         if temperature is not None and not temperature > 0:
             raise ValueError(f"a branch temperature must be > 0 (got {temperature})")
+        if branch_from not in ("turn", "answer"):
+            raise ValueError(f"branch_from must be 'turn' or 'answer', got {branch_from!r}")
+        if branch_from == "answer" and not getattr(self.fmt, "answer_open", None):
+            raise ValueError(f"branch_from='answer' needs a format whose answer opens with a tag (search_r1, dr_tulu), not {self.fmt.name}")
         out = copy.copy(self)
-        out.answer_branches, out.branch_temperature = k, temperature
+        out.answer_branches, out.branch_temperature, out.branch_from = k, temperature, branch_from
         return out
 
     async def run(self, task: Task, engine: InferenceEngine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
@@ -253,11 +259,16 @@ class ToolAgentWorkflow:
             traj.metrics["answer_branch"] = 0.0  # rollout/answer_branch: the share of a step's rows that are branches
         if self.answer_branches < 2 or last is None or traj.status != "ok" or traj.finish_reason not in ("answered", "max_turns"):
             return out
+        opening: list[int] = []  # branch_from="answer": the episode's last-turn tokens up to its answer's opening tag, copied
+        if self.branch_from == "answer":
+            opening = self._answer_opening(traj)
+            if opening is None:  # its last turn opened no answer: nothing to read again
+                return out
         seeds = [None if params.seed is None else stable_seed(params.seed, "branch", j) for j in range(1, self.answer_branches)]
         t = self.branch_temperature
         branch = [dataclasses.replace(params, seed=s, **({} if t is None else {"temperature": t})) for s in seeds]
-        more = await asyncio.gather(*(self._episode(task, engine, prompt_ids, p, last) for p in branch))
-        shared = len(last.traj.completion_ids)
+        more = await asyncio.gather(*(self._episode(task, engine, prompt_ids, p, last, opening) for p in branch))
+        shared = len(last.traj.completion_ids) + len(opening)
         traj.shared_tokens = shared
         for b, b_turns, _ in more:
             b.temperature = t  # scored at it by the trainer (None: the run's temperature)
@@ -267,6 +278,19 @@ class ToolAgentWorkflow:
             b.metrics["answer_branch"] = 1.0
             out.append((b, b_turns))
         return out
+
+    def _answer_opening(self, traj: Trajectory) -> list[int] | None:
+        """The shortest head of the episode's last turn whose text contains the format's
+        `answer_open` (e.g. `<answer>`), or None when the turn opened no answer."""
+        start, end = traj.turn_spans[-1]
+        ids = traj.completion_ids[start:end]
+        tag = self.fmt.answer_open
+        if tag not in self.tokenizer.decode(ids, skip_special_tokens=True):
+            return None
+        for j in range(1, len(ids) + 1):
+            if tag in self.tokenizer.decode(ids[:j], skip_special_tokens=True):
+                return ids[:j]
+        return None
 
     def truncate_observation(self, ids: list[int], limit: int) -> tuple[list[int], bool]:
         """At most `limit` ids: the head, the marker, the format's closing text (see module docstring)."""
@@ -290,10 +314,11 @@ class ToolAgentWorkflow:
         return (await self._episode(task, engine, prompt_ids, params))[0]
 
     async def _episode(self, task: Task, engine: InferenceEngine, prompt_ids: list[int], params: SamplingParams,
-                       fork: _Fork | None = None) -> tuple[Trajectory, list[TurnContext], _Fork | None]:
+                       fork: _Fork | None = None, opening: list[int] = ()) -> tuple[Trajectory, list[TurnContext], _Fork | None]:
         """One episode and what its turns did (the rewards' `ctx["turns"]`), and its state before
         its last engine call (None when it made none); from `fork`, the episode goes on from that
-        state instead (answer branches)."""
+        state instead (answer branches), its first turn from `opening` (tokens given, not sampled:
+        rollout.branch_from=answer)."""
         fmt, tok = self.fmt, self.tokenizer
         stepwise = self.trajectory == "stepwise"
         keep_fork = self.answer_branches > 1 and fork is None  # a branch is not branched again
@@ -318,18 +343,30 @@ class ToolAgentWorkflow:
                 params, stop=fmt.answer_stop if final else fmt.stop, max_new_tokens=min(params.max_new_tokens, remaining),
                 seed=turn_seed(params.seed, m["turns"]),
             )
-            context = fork.turn_prompt if messages is not None else prompt_ids + traj.completion_ids
+            given, opening = list(opening), ()  # a branch's copied answer opening: its first turn only
+            if given:
+                p = dataclasses.replace(p, max_new_tokens=min(params.max_new_tokens, remaining) - len(given))
+            context = fork.turn_prompt if messages is not None else prompt_ids + traj.completion_ids + given
             if keep_fork:
                 last = fork.copy()
             try:
-                c = await engine.generate(context, p)
+                c = await engine.generate(context, p) if p.max_new_tokens > 0 else None
             except EngineRequestError:  # this request failed on the engine's side: not the policy's doing
                 traj.status, finish = "engine_error", "error"
                 break
-            traj.append_turn(list(c.token_ids), logprobs=list(c.logprobs), version=c.token_versions(), prompt_ids=context if stepwise else None)
+            if c is None:  # no room after the opening: the episode ends as a cut turn would
+                finish = "length"
+                break
+            if given:  # the opening sits in this turn, inserted (trained once, in the episode it was copied from)
+                start = len(traj.completion_ids)
+                traj.append(given, sampled=False)
+                traj.append(list(c.token_ids), sampled=True, logprobs=list(c.logprobs), version=c.token_versions())
+                traj.turn_spans.append([start, len(traj.completion_ids)])
+            else:
+                traj.append_turn(list(c.token_ids), logprobs=list(c.logprobs), version=c.token_versions(), prompt_ids=context if stepwise else None)
             m["turns"] += 1
             fork.sampled += len(c.token_ids)
-            text = tok.decode(c.token_ids, skip_special_tokens=True)
+            text = tok.decode(given + list(c.token_ids), skip_special_tokens=True)
             turns.append(TurnContext(text))
             if c.finish_reason == "abort":
                 finish = "error"

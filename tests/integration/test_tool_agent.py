@@ -318,6 +318,44 @@ def test_answer_branches_sample_the_last_turn_again_from_the_same_history(tiny_t
     assert len(asyncio.run(base.run(TASK, ScriptedEngine(tiny_tokenizer, random.Random(seed), "ev", fmt_name), 2)).trajectories) == 2
 
 
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**31), fmt_name=st.sampled_from(["search_r1", "dr_tulu"]))
+def test_answer_branches_from_the_answer_sample_only_the_answers_text(tiny_tokenizer, seed, fmt_name):
+    """rollout.branch_from=answer: an episode whose last turn opened an answer gets branches that
+    start after that opening (the shortest head of the turn containing `<answer>`, copied and masked
+    with the history), so that what they sample is only the answer's text; the episode's shared part
+    (credited with the set's mean advantage) covers the opening too; other episodes get none."""
+    rng = random.Random(f"answer-branch-{seed}")
+    fmt = get_format(fmt_name)
+    wf = ToolAgentWorkflow(
+        tiny_tokenizer, SamplingParams(max_new_tokens=rng.choice([48, 128]), temperature=1.0, seed=seed), Rubric(["qa_em"]),
+        fmt, ToolExecutor(ToolRegistry([make_search_tool({})])), max_turns=rng.randint(0, 3),
+        max_obs_tokens=rng.choice([20, 64]), max_total_tokens=rng.choice([300, 1200]),
+    ).with_answer_branches(3, branch_from="answer")
+    decode = lambda ids: tiny_tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    for i in range(6):
+        eng = ScriptedEngine(tiny_tokenizer, random.Random(rng.random()), f"ep{i}", fmt_name, kinds=["search", "answer", "answer", "noise"])
+        first, *branches = asyncio.run(wf.run(TASK, eng, 1)).trajectories
+        decided = first.status == "ok" and first.finish_reason in ("answered", "max_turns")
+        start, end = first.turn_spans[-1]
+        opened = decided and "<answer>" in decode(first.completion_ids[start:end])
+        assert len(branches) == (2 if opened else 0)
+        if not opened:
+            continue
+        shared = first.shared_tokens
+        opening = first.completion_ids[start:shared]
+        assert start < shared <= end and "<answer>" in decode(opening) and "<answer>" not in decode(opening[:-1])
+        context = first.prompt_ids + first.completion_ids[:shared]
+        assert sum(prompt == context for prompt, _, _, _ in eng.records) == 2  # each branch asked from after the opening
+        for b in branches:
+            assert b.completion_ids[:shared] == first.completion_ids[:shared] and b.loss_mask[:shared] == [0] * shared
+            assert b.turn_spans[len(first.turn_spans) - 1][0] == start  # the opening belongs to the branch's first turn
+            assert b.loss_mask[shared:shared + 1] == [1] and b.metrics["answer_branch"] == 1.0
+            assert b.text == decode(b.completion_ids)
+        batch = TokenBatch.from_trajectories([first, *branches], [0, 0, 0])
+        assert batch.shared_B.tolist() == [shared, 0, 0]
+
+
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**31), fmt_name=st.sampled_from(["search_r1", "dr_tulu", "hermes"]), think=st.booleans())
 def test_random_stepwise_episodes_train_on_exactly_what_the_engine_was_given(think_tokenizer, tiny_tokenizer, seed, fmt_name, think):

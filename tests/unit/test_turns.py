@@ -295,6 +295,9 @@ def test_defaults_are_the_old_estimator_bit_for_bit():
     (["rollout.answer_branches=0"], "rollout.answer_branches"),
     (["rollout.group_size=1", "rollout.refill=true", "algo.filter_zero_std=true"], "needs rollout.group_size >= 2 (or rollout.answer_branches >= 2)"),
     (["algo.branch_credit=first"], "algo.branch_credit"),
+    (["rollout.branch_from=answer"], "rollout.branch_from=answer starts answer branches after the answer's opening tag"),
+    (["rollout.branch_from=answer", "rollout.answer_branches=4", "tools.format=hermes", "tools.retriever=http://127.0.0.1:1/retrieve"],
+     "tools.format search_r1 or dr_tulu"),
     (["rollout.branch_temperature=1.2"], "rollout.branch_temperature=1.2 is the temperature of answer branches: it needs "
                                          "rollout.answer_branches > 1"),
     (["rollout.branch_temperature=0", "rollout.answer_branches=2", "tools.format=search_r1", "tools.retriever=http://127.0.0.1:1/retrieve"],
@@ -325,6 +328,10 @@ def test_config_accepts_the_layouts():
     solo = load_config(None, ["rollout.answer_branches=8", "rollout.group_size=1", "rollout.batch_size=16", "rollout.refill=true",
                               "algo.filter_zero_std=true", "tools.format=search_r1", "tools.retriever=http://127.0.0.1:1/retrieve"])
     assert solo.rollout.group_size == 1 and solo.algo.branch_credit == "mean"  # one episode and its branches are the group
+    assert solo.rollout.branch_from == "turn"
+    answers = load_config(None, ["rollout.answer_branches=8", "rollout.branch_from=answer", "tools.format=search_r1",
+                                 "tools.retriever=http://127.0.0.1:1/retrieve"])
+    assert answers.rollout.branch_from == "answer"
     assert load_config(None, ["rollout.answer_branches=4", "algo.branch_credit=episode", "tools.format=search_r1",
                               "tools.retriever=http://127.0.0.1:1/retrieve"]).algo.branch_credit == "episode"
 
