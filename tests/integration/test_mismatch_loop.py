@@ -64,6 +64,12 @@ def _shift_logprobs(engine, by: float):
     engine.generate = generate
 
 
+def _inexact(monkeypatch):
+    """The LocalEngine built by build_rl says its log-probs are inexact, as a bf16 / vLLM engine does."""
+    real = LocalEngine.__init__
+    monkeypatch.setattr(LocalEngine, "__init__", lambda self, *a, **k: real(self, *a, **{**k, "exact_logprobs": False}))
+
+
 def test_exact_engine_agrees_and_is_not_corrected(tmp_path):
     rows, changed = _run(_cfg(tmp_path, "exact"))
     assert changed and not undocumented(rows[-1])
@@ -74,7 +80,7 @@ def test_exact_engine_agrees_and_is_not_corrected(tmp_path):
 
 
 def test_inexact_engine_gets_tis_by_default_and_the_gap_is_measured(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(LocalEngine, "exact_logprobs", False)  # as a bf16 / vLLM engine: old log-probs recomputed
+    _inexact(monkeypatch)  # old log-probs recomputed
     with caplog.at_level(logging.WARNING, logger="seekrl.train.agreement"):
         rows, changed = _run(_cfg(tmp_path, "tis"), bend=lambda e: _shift_logprobs(e, 1.0))
     assert changed and not undocumented(rows[-1])
@@ -89,7 +95,7 @@ def test_inexact_engine_gets_tis_by_default_and_the_gap_is_measured(tmp_path, mo
 
 
 def test_mis_drops_the_tokens_past_the_cap(tmp_path, monkeypatch):
-    monkeypatch.setattr(LocalEngine, "exact_logprobs", False)
+    _inexact(monkeypatch)
     rows, changed = _run(_cfg(tmp_path, "mis", "algo.mismatch=mis", "algo.mismatch_cap=2"), bend=lambda e: _shift_logprobs(e, 1.0))
     assert all(r["mismatch/masked_frac"] == pytest.approx(1.0) for r in rows[1:])
     assert not changed  # every token weighs 0: nothing to learn from
