@@ -27,12 +27,11 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_arm import ROOT, run_arm  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys
@@ -52,15 +51,8 @@ ARMS = {"4k": {"THP_MEM_ALLOC_ENABLE": "0"}, "huge": {}}
 
 
 def arm(name: str, job: str, config: str, steps: int, overrides: list[str], timeout_s: float) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        args = [config, f"train.steps={steps}", f"log.dir={tmp}", f"log.name={name}", "train.save_every=0",
-                "train.resume=never", "log.progress=false", "log.tensorboard=false", *overrides]
-        env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-        env.update(PYTHONPATH=str(ROOT), **ARMS[name])
-        out = subprocess.run([sys.executable, "-c", CHILD, job, *args], capture_output=True, text=True, env=env, timeout=timeout_s)
-    if out.returncode != 0:
-        raise SystemExit(f"the {name} arm failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
-    return json.loads(next(line[6:] for line in out.stdout.splitlines() if line.startswith("BENCH ")))
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    return run_arm(CHILD, name, [job], config, steps, overrides, timeout_s, env={**env, **ARMS[name]})
 
 
 def mean_step(r: dict) -> float:

@@ -23,12 +23,11 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_arm import ROOT, run_arm  # noqa: E402
 
 CHILD = r"""
 import json, sys
@@ -47,15 +46,7 @@ print("BENCH " + json.dumps({"rss_gib": [r["memory/rss_gib"] for r in rows], "tr
 
 
 def arm(name: str, config: str, steps: int, overrides: list[str], timeout_s: float) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        args = [config, f"train.steps={steps}", f"log.dir={tmp}", f"log.name={name}", "train.save_every=0",
-                "train.resume=never", "log.progress=false", "log.tensorboard=false", *overrides]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        out = subprocess.run([sys.executable, "-c", CHILD, name, *args], capture_output=True, text=True, env=env,
-                             timeout=timeout_s)
-    if out.returncode != 0:
-        raise SystemExit(f"the {name} arm failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
-    return json.loads(next(line[6:] for line in out.stdout.splitlines() if line.startswith("BENCH ")))
+    return run_arm(CHILD, name, [name], config, steps, overrides, timeout_s)
 
 
 def main() -> None:

@@ -1,0 +1,28 @@
+"""One bench arm as a child process: a seekrl job on a config for a few steps in a temporary run
+folder, which prints one line `BENCH {json}`; shared by bench/huge_pages.py and bench/malloc_trim.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_arm(code: str, name: str, argv: list[str], config: str, steps: int, overrides: list[str], timeout_s: float,
+            env: dict[str, str] | None = None) -> dict:
+    """Run `code` (`python -c code *argv CONFIG train.steps=STEPS ...`) with the repository on its
+    path and `env` as its environment (default: this one's); return its BENCH line's figures."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [config, f"train.steps={steps}", f"log.dir={tmp}", f"log.name={name}", "train.save_every=0",
+                "train.resume=never", "log.progress=false", "log.tensorboard=false", *overrides]
+        env = {**(os.environ if env is None else env), "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, "-c", code, *argv, *args], capture_output=True, text=True, env=env,
+                             timeout=timeout_s)
+    if out.returncode != 0:
+        raise SystemExit(f"the {name} arm failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
+    return json.loads(next(line[6:] for line in out.stdout.splitlines() if line.startswith("BENCH ")))
