@@ -7,17 +7,17 @@
 Each arm is a child process that runs the job (`seekrl train` or `seekrl sft`) on the config for
 `--steps` steps in a temporary folder:
 
-- "4k": `THP_MEM_ALLOC_ENABLE=0`, PyTorch's plain allocation: glibc maps a block over its mmap
-  threshold (at most 32 MiB) afresh and unmaps it when freed, so the kernel faults it in and zeroes
-  it 4 KiB at a time, every step;
-- "huge": as seekrl runs (seekrl/memory.py `use_huge_pages`: blocks of 2 MiB or more 2 MiB-aligned
-  and `madvise(MADV_HUGEPAGE)`, one fault per 2 MiB).
+- "4k": `THP_MEM_ALLOC_ENABLE=0`, PyTorch's plain allocation, as seekrl runs: glibc maps a block
+  over its mmap threshold (at most 32 MiB) afresh and unmaps it when freed, so the kernel faults
+  it in and zeroes it 4 KiB at a time, every step;
+- "huge": `THP_MEM_ALLOC_ENABLE=1`, PyTorch's switch for transparent huge pages (blocks of 2 MiB
+  or more 2 MiB-aligned and `madvise(MADV_HUGEPAGE)`, one fault per 2 MiB).
 
 It prints, per arm, the mean step time (`time/step_s`, the first step left out as warm-up when
 there are more), the minor page faults and the kernel's share of the CPU time over the whole
 child, the peak resident memory (VmHWM), and a markdown row for BENCHMARKS.md. The arms run one
-after the other, so each has the machine to itself; the same seed gives them the same numbers
-(the page size changes none).
+after the other (`--order` says which first), so each has the machine to itself; the same seed
+gives them the same losses up to float rounding (a GRPO loss differed in its 7th digit).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ print("BENCH " + json.dumps({"step_s": [r["time/step_s"] for r in rows], "faults
                              "loss": [r.get("loss/policy", r.get("loss")) for r in rows]}))
 """
 
-ARMS = {"4k": {"THP_MEM_ALLOC_ENABLE": "0"}, "huge": {}}
+ARMS = {"4k": {"THP_MEM_ALLOC_ENABLE": "0"}, "huge": {"THP_MEM_ALLOC_ENABLE": "1"}}
 
 
 def arm(name: str, job: str, config: str, steps: int, overrides: list[str], timeout_s: float) -> dict:
@@ -65,6 +65,7 @@ def main() -> None:
     p.add_argument("--job", choices=("train", "sft"), default="train")
     p.add_argument("--config", default=str(ROOT / "examples" / "tiny_grpo.yaml"))
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--order", choices=("4k,huge", "huge,4k"), default="4k,huge", help="which arm runs first")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per arm")
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("overrides", nargs="*", help="section.key=value, for both arms")
@@ -73,7 +74,7 @@ def main() -> None:
         raise SystemExit("bench/huge_pages.py needs Linux (transparent huge pages, /proc)")
     with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
         thp = f.read().split("[")[-1].split("]")[0]  # the kernel's mode: always, madvise or never
-    res = {name: arm(name, a.job, a.config, a.steps, a.overrides, a.timeout_s) for name in ARMS}
+    res = {name: arm(name, a.job, a.config, a.steps, a.overrides, a.timeout_s) for name in a.order.split(",")}
     for name, r in res.items():
         cpu = r["user_s"] + r["sys_s"]
         print(f"{name}: {mean_step(r):.1f} s/step ({', '.join(f'{x:.1f}' for x in r['step_s'])}); {r['faults']:,} page faults; "
@@ -82,7 +83,8 @@ def main() -> None:
         print(f"the arms' losses differ: {res['4k']['loss']} vs {res['huge']['loss']}")
     k, h = res["4k"], res["huge"]
     cmd = " ".join(["python bench/huge_pages.py", *([f"--job {a.job}"] if a.job != "train" else []),
-                    *(["--config", a.config] if "--config" in sys.argv else []), f"--steps {a.steps}", *a.overrides])
+                    *(["--config", a.config] if "--config" in sys.argv else []), f"--steps {a.steps}",
+                    *([f"--order {a.order}"] if a.order != "4k,huge" else []), *a.overrides])
     print(f"| huge pages (THP {thp}) | `{cmd}` | {platform.machine()}, {os.cpu_count()} CPUs | {datetime.date.today()} | "
           f"{mean_step(k):.1f} -> {mean_step(h):.1f} s/step, page faults {k['faults']:,} -> {h['faults']:,}, "
           f"kernel time {100 * k['sys_s'] / (k['user_s'] + k['sys_s']):.0f}% -> {100 * h['sys_s'] / (h['user_s'] + h['sys_s']):.0f}%, "

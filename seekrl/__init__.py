@@ -4,13 +4,11 @@ See README.md for the quickstart and ../shared/DESIGN.md (the project's design p
 data flow and contracts.
 """
 
-from seekrl.memory import limit_malloc_arenas, use_huge_pages
+from seekrl.memory import limit_malloc_arenas
 
-# At most 2 glibc malloc arenas, and PyTorch's large CPU tensors on huge pages, for any process
-# that imports seekrl (the `seekrl` command, a script calling seekrl.jobs, a trainer rank), set
-# before seekrl imports torch (seekrl/memory.py).
+# At most 2 glibc malloc arenas for any process that imports seekrl (the `seekrl` command, a
+# script calling seekrl.jobs, a trainer rank), set before seekrl imports torch (seekrl/memory.py).
 limit_malloc_arenas()
-use_huge_pages()
 
 from seekrl.types import Completion, SamplingParams, Task, Trajectory, TrajectoryGroup  # noqa: E402
 

@@ -16,14 +16,9 @@ the live tensors hold:
   GiB resident after the step, 1.61 GiB after the trim, 1.10 GiB of it live tensors
   (BENCHMARKS.md, "Resident memory").
 
-- `use_huge_pages()` has PyTorch place every CPU tensor of 2 MiB or more on transparent huge
-  pages (its `THP_MEM_ALLOC_ENABLE`: 2 MiB-aligned, `madvise(MADV_HUGEPAGE)`; importing seekrl
-  calls it, before seekrl imports torch; an explicit `THP_MEM_ALLOC_ENABLE`, 0 included, wins).
-  glibc serves blocks over its mmap threshold (at most 32 MiB) with fresh mappings and unmaps them
-  when freed, so every activation, logit block and gradient of a training step was faulted in 4
-  KiB page by page, each page zeroed by the kernel: SmolLM2 SFT on a 2-core CPU took about 100,000
-  page faults a second, half the CPU time in the kernel. With huge pages a fault maps 2 MiB
-  (BENCHMARKS.md, "Huge pages"; bench/huge_pages.py).
+- PyTorch's own transparent-huge-page switch (`THP_MEM_ALLOC_ENABLE=1`) is left to the user: on
+  SmolLM2 SFT and GRPO on a 2-core CPU it cut page faults 2.4-2.6x but doubled the kernel's share of
+  the CPU time and made steps slower (BENCHMARKS.md, "Huge pages"; bench/huge_pages.py).
 
 Other C libraries (musl, macOS) have neither call; both functions then do nothing, and
 `resident_gib()` reads /proc where it exists.
@@ -36,7 +31,7 @@ import functools
 import os
 import sys
 
-__all__ = ["limit_malloc_arenas", "use_huge_pages", "release", "resident_gib"]
+__all__ = ["limit_malloc_arenas", "release", "resident_gib"]
 
 _M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
 _GIB = float(1 << 30)
@@ -59,21 +54,6 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
     libc = _libc()
     if libc is not None and "MALLOC_ARENA_MAX" not in os.environ:
         libc.mallopt(_M_ARENA_MAX, arenas)
-
-
-def use_huge_pages() -> None:
-    """PyTorch's CPU tensors of 2 MiB or more on transparent huge pages (module docstring), unless
-    THP_MEM_ALLOC_ENABLE is set (it wins) or the kernel has them off. PyTorch reads the setting at
-    its first allocation: call it before torch is imported."""
-    if "THP_MEM_ALLOC_ENABLE" in os.environ or not sys.platform.startswith("linux"):
-        return
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
-            if "[never]" in f.read():
-                return
-    except OSError:  # no THP in this kernel
-        return
-    os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
 
 
 def resident_gib() -> float | None:
