@@ -26,3 +26,13 @@ def run_arm(code: str, name: str, argv: list[str], config: str, steps: int, over
     if out.returncode != 0:
         raise SystemExit(f"the {name} arm failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
     return json.loads(next(line[6:] for line in out.stdout.splitlines() if line.startswith("BENCH ")))
+
+
+def add_arm_arguments(p) -> None:
+    """The options every such bench takes: the config, the steps, the per-arm timeout, --out and
+    the overrides for both arms."""
+    p.add_argument("--config", default=str(ROOT / "examples" / "tiny_grpo.yaml"))
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="per arm")
+    p.add_argument("--out", help="write the figures as JSON here")
+    p.add_argument("overrides", nargs="*", help="section.key=value, for both arms")

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from child_arm import ROOT, run_arm  # noqa: E402
+from child_arm import add_arm_arguments, run_arm  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys
@@ -63,12 +63,8 @@ def mean_step(r: dict) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--job", choices=("train", "sft"), default="train")
-    p.add_argument("--config", default=str(ROOT / "examples" / "tiny_grpo.yaml"))
-    p.add_argument("--steps", type=int, default=4)
+    add_arm_arguments(p)
     p.add_argument("--order", choices=("4k,huge", "huge,4k"), default="4k,huge", help="which arm runs first")
-    p.add_argument("--timeout-s", type=float, default=3600.0, help="per arm")
-    p.add_argument("--out", help="write the figures as JSON here")
-    p.add_argument("overrides", nargs="*", help="section.key=value, for both arms")
     a = p.parse_args()
     if not sys.platform.startswith("linux"):
         raise SystemExit("bench/huge_pages.py needs Linux (transparent huge pages, /proc)")

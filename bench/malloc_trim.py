@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from child_arm import ROOT, run_arm  # noqa: E402
+from child_arm import add_arm_arguments, run_arm  # noqa: E402
 
 CHILD = r"""
 import json, sys
@@ -51,11 +51,7 @@ def arm(name: str, config: str, steps: int, overrides: list[str], timeout_s: flo
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", default=str(ROOT / "examples" / "tiny_grpo.yaml"))
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--timeout-s", type=float, default=3600.0, help="per arm")
-    p.add_argument("--out", help="write the figures as JSON here")
-    p.add_argument("overrides", nargs="*", help="section.key=value, for both arms")
+    add_arm_arguments(p)
     a = p.parse_args()
     if not sys.platform.startswith("linux"):
         raise SystemExit("bench/malloc_trim.py needs Linux with glibc (malloc_trim, /proc)")
