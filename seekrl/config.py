@@ -44,6 +44,7 @@ from seekrl.rewards.config import RewardConfig
 from seekrl.rollout.config import RolloutConfig
 from seekrl.schema import Range, apply_fields, check_fields, coerce, did_you_mean, field_docs, is_subsection, section_hints
 from seekrl.tools.config import ToolsConfig
+from seekrl.tools.parsers import FORMATS
 from seekrl.train.config import TrainConfig
 from seekrl.yaml_keys import DuplicateKeyError, UniqueKeyLoader
 
@@ -241,9 +242,10 @@ def _check_between(cfg: Config) -> None:
     if r.answer_branches > 1 and (tl.format is None or r.trajectory != "prefix"):
         raise ConfigError(f"rollout.answer_branches={r.answer_branches} samples the last turn of a tool episode again from its history: "
                           "it needs tools.format set and rollout.trajectory=prefix; set rollout.answer_branches=1")
-    if r.branch_from != "turn" and (r.answer_branches < 2 or tl.format not in ("search_r1", "dr_tulu")):
+    tagged = [name for name, f in FORMATS.items() if getattr(f, "answer_open", None)]  # formats whose answer opens with a tag
+    if r.branch_from != "turn" and (r.answer_branches < 2 or tl.format not in tagged):
         raise ConfigError(f"rollout.branch_from={r.branch_from} starts answer branches after the answer's opening tag: it needs "
-                          "rollout.answer_branches > 1 and tools.format search_r1 or dr_tulu; set those, or rollout.branch_from=turn")
+                          f"rollout.answer_branches > 1 and tools.format {' or '.join(tagged)}; set those, or rollout.branch_from=turn")
     if r.branch_temperature is not None and (r.answer_branches < 2 or not r.branch_temperature > 0):
         raise ConfigError(f"rollout.branch_temperature={r.branch_temperature:g} is the temperature of answer branches: it needs "
                           "rollout.answer_branches > 1 and a value > 0; set both, or rollout.branch_temperature=null")

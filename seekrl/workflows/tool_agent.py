@@ -284,13 +284,14 @@ class ToolAgentWorkflow:
         `answer_open` (e.g. `<answer>`), or None when the turn opened no answer."""
         start, end = traj.turn_spans[-1]
         ids = traj.completion_ids[start:end]
-        tag = self.fmt.answer_open
-        if tag not in self.tokenizer.decode(ids, skip_special_tokens=True):
+        opened = lambda j: self.fmt.answer_open in self.tokenizer.decode(ids[:j], skip_special_tokens=True)  # noqa: E731
+        if not opened(len(ids)):
             return None
-        for j in range(1, len(ids) + 1):
-            if tag in self.tokenizer.decode(ids[:j], skip_special_tokens=True):
-                return ids[:j]
-        return None
+        lo, hi = 1, len(ids)  # a head that contains the tag stays so when longer: bisect for the shortest
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if opened(mid) else (mid + 1, hi)
+        return ids[:lo]
 
     def truncate_observation(self, ids: list[int], limit: int) -> tuple[list[int], bool]:
         """At most `limit` ids: the head, the marker, the format's closing text (see module docstring)."""
