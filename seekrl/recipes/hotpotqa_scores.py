@@ -50,7 +50,9 @@ def two_way_guesses(rows: list[dict], predictions: dict[str, str | None], scores
     """How a model answers the questions that have two possible answers (`answer_options`),
     against chance: yes/no questions: n, EM, the share answered "yes" and the share whose gold is
     yes; either-or questions: n, EM, the share of answers naming the first option (of those naming
-    exactly one) and the share whose gold is the first; and the EM on every other question
+    exactly one) and the share whose gold is the first; for both, the share of questions whose
+    answer names exactly one of the two ("named one": an answer naming neither is wrong whatever
+    the evidence said, a habit GRPO can unlearn); and the EM on every other question
     ("open": the answer must be read, not picked). A policy that cannot read sits near chance on
     the first two and GRPO moves these shares, not the EM (RESULTS.md). Rows not in `scores` are
     left out."""
@@ -72,7 +74,7 @@ def two_way_guesses(rows: list[dict], predictions: dict[str, str | None], scores
                 picks.append(named[0])
         em = by_kind.get(kind, {"em": None, "n": 0})
         out[kind] = {"n": em["n"], "em": em["em"], share: sum(picks) / len(picks) if picks else None,
-                     gold_share: sum(golds) / len(golds) if golds else None}
+                     gold_share: sum(golds) / len(golds) if golds else None, "named one": len(picks) / len(golds) if golds else None}
     return {k: out[k] for k in ("yes/no", "either-or", "open")}
 
 

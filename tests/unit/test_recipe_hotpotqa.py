@@ -184,13 +184,15 @@ def test_two_way_guesses_split_yes_no_either_or_and_open_questions():
     preds = {"a": "Yes", "b": "yes", "c": "Thom Andersen", "d": "Arachis", "e": "the Vibe", "f": "Rome", "g": None}
     scores = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0, "e": 1.0, "f": 1.0, "g": 0.0}
     out = two_way_guesses(rows, preds, scores)
-    assert out["yes/no"] == {"n": 2, "em": 0.5, "answered yes": 1.0, "gold yes": 0.5}
+    assert out["yes/no"] == {"n": 2, "em": 0.5, "answered yes": 1.0, "gold yes": 0.5, "named one": 1.0}
     # c: gold first, picked second; d: gold second, picked second; e: gold first, picked first ("the" is normalised away)
-    assert out["either-or"] == {"n": 3, "em": pytest.approx(2 / 3), "picked first": pytest.approx(1 / 3), "gold first": pytest.approx(2 / 3)}
+    assert out["either-or"] == {"n": 3, "em": pytest.approx(2 / 3), "picked first": pytest.approx(1 / 3), "gold first": pytest.approx(2 / 3),
+                                "named one": 1.0}
     assert out["open"] == {"n": 2, "em": 0.5}
     # an answer naming neither option counts in the EM, not in the split
     out = two_way_guesses(rows, {**preds, "c": "Warsaw"}, scores)
     assert out["either-or"]["picked first"] == pytest.approx(1 / 2) and out["either-or"]["n"] == 3
+    assert out["either-or"]["named one"] == pytest.approx(2 / 3)
     assert answer_options(rows[2]) == ("either-or", ("krzysztof zanussi", "thom andersen"), 0)
     assert answer_options(rows[4]) == ("either-or", ("vibe", "cooking light"), 0)
     assert answer_options(rows[1]) == ("yes/no", ("yes", "no"), 1) and answer_options(rows[6])[0] == "open"
