@@ -38,9 +38,15 @@ _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
 @functools.cache
 def _math_verify():
-    # Imported lazily: math_verify pulls in sympy and the LaTeX parser (~0.5 s).
+    # Imported lazily: math_verify pulls in sympy and the LaTeX parser (~0.5 s). One symbolic
+    # comparison, untimed, pays sympy's own first-use cost (0.1-0.8 s here, several seconds on a
+    # loaded CPU) here, so that it does not count against the first timed call and mark a right
+    # answer wrong.
     import math_verify
 
+    bound = None if _timeout() is None else 60  # a bound (no hang), but far above the first use's cost
+    math_verify.verify(math_verify.parse("$1+x^2$", parsing_timeout=bound), math_verify.parse("$x^2+1$", parsing_timeout=bound),
+                       timeout_seconds=bound)
     return math_verify
 
 
