@@ -206,7 +206,7 @@ def _two_way_rows(res: dict) -> list[dict]:
         yn, eo = by["yes/no"], by["either-or"]
         rows.append({"model": "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})",
                      f"yes/no EM (n={yn['n']})": yn["em"], "answered yes": yn["answered yes"], "gold yes": yn["gold yes"],
-                     f"either-or EM (n={eo['n']})": eo["em"], "named an option": eo.get("named one"), "picked the first": eo["picked first"],
+                     f"either-or EM (n={eo['n']})": eo["em"], "named an option": eo["named one"], "picked the first": eo["picked first"],
                      "gold the first": eo["gold first"], f"open EM (n={by['open']['n']})": by["open"]["em"]})
     return rows
 

@@ -39,12 +39,12 @@ _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 @functools.cache
 def _math_verify():
     # Imported lazily: math_verify pulls in sympy and the LaTeX parser (~0.5 s). One symbolic
-    # comparison, untimed, pays sympy's own first-use cost (0.1-0.8 s here, several seconds on a
-    # loaded CPU) here, so that it does not count against the first timed call and mark a right
-    # answer wrong.
+    # comparison here pays sympy's own first-use cost (0.1-0.8 s alone, past the 5 s timeout on a
+    # loaded CPU), so it does not count against the first timed call and mark a right answer
+    # wrong; it is bounded at 60 s where the calls are timed (no hang), unbounded where they are not.
     import math_verify
 
-    bound = None if _timeout() is None else 60  # a bound (no hang), but far above the first use's cost
+    bound = None if _timeout() is None else 60
     math_verify.verify(math_verify.parse("$1+x^2$", parsing_timeout=bound), math_verify.parse("$x^2+1$", parsing_timeout=bound),
                        timeout_seconds=bound)
     return math_verify
