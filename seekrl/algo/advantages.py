@@ -185,14 +185,20 @@ def episode_group_advantages(
 
 
 @torch.no_grad()
-def shared_history_advantages(adv_B: torch.Tensor, set_ids_B: torch.Tensor, shared_B: torch.Tensor, width: int) -> torch.Tensor:
+def shared_history_advantages(adv_B: torch.Tensor, set_ids_B: torch.Tensor, shared_B: torch.Tensor, width: int,
+                              local: bool = False) -> torch.Tensor:
     """Answer-branch credit (rollout.answer_branches, algo.branch_credit=mean): `(B, width)`, row b's
     advantage `adv_B[b]` at every column, except its first `shared_B[b]` columns, which get the mean
     advantage of the rows of its set (`set_ids_B`, -1: in none). The history an episode's branches
     share is one node of a tree whose leaves are the set's answers: its advantage is the mean of
     theirs (Tree-GRPO's node value), an estimate of the same quantity as the episode's own
     advantage with less variance; with one episode per task (G = 1) it is exactly 0 under a mean
-    baseline, since the set is the whole group."""
+    baseline, since the set is the whole group.
+
+    `local` (algo.branch_credit=local): the shared history gets 0 and each row of a set its
+    advantage less the set's mean, `(r_row - mean_set) / scale_group`: only how an answer read the
+    set's context against its siblings trains, never what was searched. Rows in no set keep
+    `adv_B[b]`."""
     _check_same_shape("adv_B", adv_B, "set_ids_B", set_ids_B)
     _check_same_shape("adv_B", adv_B, "shared_B", shared_B)
     adv_B = _float(adv_B)
@@ -206,6 +212,9 @@ def shared_history_advantages(adv_B: torch.Tensor, set_ids_B: torch.Tensor, shar
     counts = torch.zeros(n, dtype=adv_B.dtype).index_add_(0, inv_B, torch.ones_like(adv_B))
     mean_B = (sums / counts)[inv_B]
     cols_BC = torch.arange(width)[None, :] < torch.where(in_set_B, shared_B, 0)[:, None]
+    if local:
+        own_B = torch.where(in_set_B, adv_B - mean_B, adv_B)
+        return torch.where(cols_BC, torch.zeros_like(out_BC), own_B[:, None].expand(-1, width))
     return torch.where(cols_BC, mean_B[:, None], out_BC)
 
 

@@ -106,8 +106,8 @@ class AlgoConfig:
     """Weight of the per-token reverse-KL reward log p_teacher - log p_student; none = 1 with algo.name=distill, 0 otherwise (with grpo etc. and a teacher, it is added to the task advantages)."""
     turn_advantage: bool = False
     """Turn-level credit (group estimators): the reward functions' per-turn rewards become per-turn advantages (returns over the turns left, normalised among the group's episodes at the same turn) added to the outcome advantage of each turn's tokens."""
-    branch_credit: Literal["mean", "episode"] = "mean"
-    """With rollout.answer_branches > 1, what the history an episode shares with its branches trains with: mean (the mean advantage of the set, the episode and its branches: Tree-GRPO's node value; 0 with one episode per task, so only the answers train) | episode (the episode's own advantage: one sample of it)."""
+    branch_credit: Literal["mean", "episode", "local"] = "mean"
+    """With rollout.answer_branches > 1, what the history an episode shares with its branches trains with: mean (the mean advantage of the set, the episode and its branches: Tree-GRPO's node value; 0 with one episode per task, so only the answers train) | episode (the episode's own advantage: one sample of it) | local (0: the searches do not train; each answer's advantage is its own less its set's mean, so only the reading of the set's context trains, against its siblings)."""
     turn_gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
     """Discount over turns (group estimators, either rollout.trajectory): turn k of K gets the outcome advantage times turn_gamma^(K-1-k); it also discounts algo.turn_advantage's returns."""
 

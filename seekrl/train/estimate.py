@@ -24,7 +24,9 @@ baseline and scale as the outcome's), added on each turn's tokens.
 Answer branches (rollout.answer_branches; `batch.branch_set_B`, `batch.shared_B`): a branch's
 tokens get its own advantage. The history the set's episode shares with its branches gets the
 mean advantage of the set (`branch_credit="mean"`, algo/advantages.py
-`shared_history_advantages`) or the episode's own (`"episode"`, one sample of the same value).
+`shared_history_advantages`) or the episode's own (`"episode"`, one sample of the same value);
+`"local"` gives the history 0 and each row of a set its advantage less the set's mean (only the
+reading trains, against the answers read from the same context).
 
 On-policy distillation (`batch.teacher_logp_BC` filled in by the step's teacher): `distill` is the
 teacher's dense reward alone (plus `-coef * kl_t` per token with a reference KL in the reward);
@@ -121,12 +123,13 @@ def task_advantages(
         if kl_BC is not None and kl_coef_in_reward > 0:
             rewards_B = rewards_B - kl_coef_in_reward * episode_sum(kl_BC.sum(-1), batch.episode_ids_B)  # the whole episode's KL
         adv_B = episode_group_advantages(rewards_B, batch.group_ids_B, batch.episode_ids_B, **opts)
-        if branch_credit == "mean" and batch.branch_set_B is not None:  # answer branches: the shared history gets its set's mean
-            adv_BC = shared_history_advantages(adv_B, batch.branch_set_B, batch.shared_B, batch.width) * mask_BC
-        elif branch_credit in ("mean", "episode"):
-            adv_BC = adv_B[:, None] * mask_BC
+        if branch_credit not in ("mean", "episode", "local"):
+            raise ValueError(f"branch_credit must be 'mean', 'episode' or 'local', got {branch_credit!r}")
+        if branch_credit != "episode" and batch.branch_set_B is not None:  # answer branches: the shared history gets its set's mean (local: 0)
+            adv_BC = shared_history_advantages(adv_B, batch.branch_set_B, batch.shared_B, batch.width,
+                                               local=branch_credit == "local") * mask_BC
         else:
-            raise ValueError(f"branch_credit must be 'mean' or 'episode', got {branch_credit!r}")
+            adv_BC = adv_B[:, None] * mask_BC
         if turn_gamma != 1.0 and batch.turn_BC is not None:
             adv_BC = adv_BC * turn_discount(batch.turn_BC, batch.turns_B, turn_gamma)
         if turn_advantage:

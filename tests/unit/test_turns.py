@@ -245,6 +245,11 @@ def test_answer_branches_credit_the_shared_history_with_the_sets_mean_advantage(
     assert tree[3][:2] == [pytest.approx(-1 / 6, abs=1e-6)] * 2 and tree[3][5] == pytest.approx(-0.5)
     own = adv_rows(batch, estimate_advantages("dr_grpo", batch, branch_credit="episode"))
     assert own[0] == [pytest.approx(0.5)] * 2 + [0.0] * 3 + [pytest.approx(0.5)] and own[1:3] == tree[1:3]
+    # local: the history gets 0 and each answer its advantage less its set's mean: set 0 [1/3, 1/3, -2/3], set 1 the negatives
+    loc = adv_rows(batch, estimate_advantages("dr_grpo", batch, branch_credit="local"))
+    assert loc[0] == [0.0] * 5 + [pytest.approx(1 / 3, abs=1e-6)] and loc[2] == [0.0] * 5 + [pytest.approx(-2 / 3, abs=1e-6)]
+    assert loc[3] == [0.0] * 5 + [pytest.approx(-1 / 3, abs=1e-6)] and loc[5] == [0.0] * 5 + [pytest.approx(2 / 3, abs=1e-6)]
+    assert sum(row[5] for row in loc[:3]) == pytest.approx(0.0, abs=1e-6)  # within a set the advantages sum to 0: the context is not credited
     # one episode per task (G = 1): the set is the group, its mean advantage 0: only the answers train
     solo = TokenBatch.from_trajectories(branch_set([1.0, 0.0, 0.0, 1.0], [(3, 2), (1, 4)]), [0] * 4)
     adv = adv_rows(solo, estimate_advantages("grpo", solo))
