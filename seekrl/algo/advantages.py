@@ -204,7 +204,7 @@ def shared_history_advantages(adv_B: torch.Tensor, set_ids_B: torch.Tensor, shar
     adv_B = _float(adv_B)
     out_BC = adv_B[:, None].expand(-1, width).clone()
     in_set_B = set_ids_B >= 0
-    if not bool((in_set_B & (shared_B > 0)).any()):
+    if not local and not bool((in_set_B & (shared_B > 0)).any()):  # no history to credit
         return out_BC
     _, inv_B = torch.unique(torch.where(in_set_B, set_ids_B, -1), return_inverse=True)
     n = int(inv_B.max().item()) + 1

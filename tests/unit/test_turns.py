@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from seekrl.algo.advantages import episode_group_advantages, episode_sum, group_advantages, turn_advantages, turn_discount
+from seekrl.algo.advantages import (episode_group_advantages, episode_sum, group_advantages, shared_history_advantages,
+                                    turn_advantages, turn_discount)
 from seekrl.train.batch import TokenBatch
 from seekrl.train.estimate import estimate_advantages
 from seekrl.types import Task, Trajectory
@@ -250,6 +251,10 @@ def test_answer_branches_credit_the_shared_history_with_the_sets_mean_advantage(
     assert loc[0] == [0.0] * 5 + [pytest.approx(1 / 3, abs=1e-6)] and loc[2] == [0.0] * 5 + [pytest.approx(-2 / 3, abs=1e-6)]
     assert loc[3] == [0.0] * 5 + [pytest.approx(-1 / 3, abs=1e-6)] and loc[5] == [0.0] * 5 + [pytest.approx(2 / 3, abs=1e-6)]
     assert sum(row[5] for row in loc[:3]) == pytest.approx(0.0, abs=1e-6)  # within a set the advantages sum to 0: the context is not credited
+    # a set with no shared history (its episode answered at once, the branches resampled all of it) is still centred on its mean
+    adv_B, sets_B = torch.tensor([0.5, 0.5, -0.5, -0.5]), torch.tensor([0, 0, 0, 1])
+    flat = shared_history_advantages(adv_B, sets_B, torch.zeros(4, dtype=torch.long), 2, local=True)
+    assert flat[:, 0].tolist() == pytest.approx([1 / 3, 1 / 3, -2 / 3, 0.0], abs=1e-6) and torch.equal(flat[:, 0], flat[:, 1])
     # one episode per task (G = 1): the set is the group, its mean advantage 0: only the answers train
     solo = TokenBatch.from_trajectories(branch_set([1.0, 0.0, 0.0, 1.0], [(3, 2), (1, 4)]), [0] * 4)
     adv = adv_rows(solo, estimate_advantages("grpo", solo))
