@@ -45,6 +45,7 @@ from seekrl.rollout import stable_seed
 from seekrl.rollout.base import Workflow
 from seekrl.rollout.config import sampling_params
 from seekrl.rollout.executor import make_rollout
+from seekrl.rollout.refill import GroupSignal
 from seekrl.train.agreement import AgreementCheck
 from seekrl.train.batching import FORWARD_METHODS
 from seekrl.train.compute import set_autocast, trainer_precision
@@ -338,9 +339,10 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
     one_minibatch = t.minibatches == 1 and t.minibatch_size in (0, r.batch_size // r.group_size)
     from_update = (t.recompute_logprobs == "auto" and not reuse and t.ppo_epochs == 1 and one_minibatch
                    and r.mode == "sync" and not a.decoupled and not kl_read_before and a.name != "distill")
+    signal = GroupSignal.of(a)  # which groups train something: the refill's count and algo.filter_zero_std's keep
     if ranks.is_main:
         rollout = make_rollout(r, rollout_workflow(workflow, r.answer_branches, r.branch_temperature, r.branch_from), engine, tasks.iterator, sampling_params(r), seed=t.seed,
-                               decode=text_decoder(tokenizer))
+                               decode=text_decoder(tokenizer), signal=signal)
         rollout = LeaderRollout(rollout, ranks, full_model) if ranks.distributed else rollout
     else:
         rollout = FollowerRollout(ranks)
@@ -349,7 +351,7 @@ def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, 
         full_model=full_model, tokenizer=tokenizer, engine=engine, workflow=workflow, eval_params=_eval_params(cfg),
         eval_in_flight=eval_in_flight(cfg), primary_reward=rubric.names[0], rollout=rollout, trainer=trainer, critic=critic, kl_ctl=kl_ctl,
         reuse_engine_logprobs=reuse, old_from_update=from_update, ranks=ranks, agreement=AgreementCheck(t.agreement_rows, t.agreement_max_kl),
-        sync_versions=r.mode == "sync", teacher=teacher,
+        sync_versions=r.mode == "sync", teacher=teacher, signal=signal,
     )
 
 

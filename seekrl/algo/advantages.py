@@ -24,7 +24,11 @@ What is here, and the papers it follows:
 - `token_rewards_with_kl`, `FixedKLController`, `AdaptiveKLController`: the "KL in the
   reward" variant of PPO-RLHF (Ziegler et al. 2019, Ouyang et al. 2022).
 - `zero_std_group_mask`: DAPO's dynamic sampling filter (Yu et al. 2025): groups whose rewards
-  are all equal carry no GRPO signal.
+  are all equal carry no GRPO signal. `informative_mask` is the filter that follows the credit:
+  with `algo.branch_credit=local` a group trains only through the answer-branch sets whose rewards
+  differ, so a group is informative when one of its sets has spread (the refill and
+  `algo.filter_zero_std` both ask it); with `algo.turn_advantage` a spread of the per-turn
+  returns among the group's episodes counts too.
 - Multi-turn episodes (`_B` rows may be the turns of one episode: rollout.trajectory=stepwise):
   `episode_group_advantages` takes the group baseline over episodes (each counted once, however
   many rows it has) and gives each row its episode's advantage; `episode_sum` sums a per-row
@@ -56,6 +60,8 @@ __all__ = [
     "FixedKLController",
     "AdaptiveKLController",
     "zero_std_group_mask",
+    "informative_mask",
+    "turn_returns",
     "episode_group_advantages",
     "episode_sum",
     "shared_history_advantages",
@@ -150,6 +156,45 @@ def zero_std_group_mask(rewards_B: torch.Tensor, group_ids_B: torch.Tensor, eps:
     return ((max_K - min_K) > eps)[inv_B]
 
 
+def informative_mask(rewards_B: torch.Tensor, group_ids_B: torch.Tensor, set_ids_B: torch.Tensor | None = None,
+                     turn_rewards: list[list[float]] | None = None, turn_gamma: float = 1.0,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """keep_B (B,) bool: True for every member of a group in which the credit gives some row a
+    nonzero advantage. `set_ids_B` None: the group's rewards have spread (`zero_std_group_mask`).
+    With the answer-branch sets of algo.branch_credit=local (`set_ids_B`, unique in the batch, -1:
+    in none), a row in a set trains only if its set's rewards have spread (its advantage is
+    `(r - mean_set) / scale`, its history gets 0), and a row in no set if its group's have: a group
+    whose sets each scored alike is uninformative even when its sets differ from one another.
+    `turn_rewards` (algo.turn_advantage: each row's per-turn rewards): a row also trains when its
+    return at some turn (`turn_returns`) differs from another row's of the group at that turn."""
+    group_spread_B = zero_std_group_mask(rewards_B, group_ids_B, eps)
+    row_B = group_spread_B
+    if set_ids_B is not None:
+        _check_same_shape("rewards_B", rewards_B, "set_ids_B", set_ids_B)
+        in_set_B = set_ids_B >= 0
+        alone_B = -1 - torch.arange(set_ids_B.numel(), device=set_ids_B.device)  # a row in no set has no set spread
+        set_spread_B = zero_std_group_mask(rewards_B, torch.where(in_set_B, set_ids_B, alone_B), eps)
+        row_B = torch.where(in_set_B, set_spread_B, group_spread_B)
+    if turn_rewards is not None:
+        if len(turn_rewards) != rewards_B.numel():
+            raise ValueError(f"{len(turn_rewards)} rows of turn rewards for {rewards_B.numel()} rewards")
+        returns, keys, rows = [], [], []
+        for b, (rewards, group) in enumerate(zip(turn_rewards, group_ids_B.tolist())):
+            g = turn_returns(rewards, turn_gamma)
+            returns += g
+            keys += [(group, k) for k in range(len(g))]
+            rows += [b] * len(g)
+        if returns:
+            dense = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+            spread_K = zero_std_group_mask(torch.tensor(returns, dtype=torch.float64), torch.tensor([dense[k] for k in keys]), eps)
+            turn_B = torch.zeros(rewards_B.numel(), dtype=torch.long).index_add_(0, torch.tensor(rows), spread_K.long()) > 0
+            row_B = row_B | turn_B
+    _, inv_B = torch.unique(group_ids_B, return_inverse=True)
+    any_G = torch.zeros(int(inv_B.max().item()) + 1 if inv_B.numel() else 0, dtype=torch.long, device=inv_B.device)
+    any_G = any_G.index_add_(0, inv_B, row_B.long())
+    return any_G[inv_B] > 0
+
+
 def _episodes(episode_ids_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(inv_B, first_E): each row's dense episode index, and each episode's first row."""
     _, inv_B = torch.unique(episode_ids_B, return_inverse=True)
@@ -240,6 +285,15 @@ def turn_discount(turn_BC: torch.Tensor, turns_B: torch.Tensor, gamma: float) ->
 
 
 @torch.no_grad()
+def turn_returns(rewards: list[float], gamma: float = 1.0) -> list[float]:
+    """The return of each turn of one episode, G_k = r_k + gamma * G_{k+1} (the rewards of the turns left)."""
+    g, out = 0.0, []
+    for r in reversed(rewards):
+        g = float(r) + gamma * g
+        out.append(g)
+    return out[::-1]
+
+
 def turn_advantages(
     turn_rewards: list[list[float]],
     group_ids: list[int],
@@ -264,11 +318,7 @@ def turn_advantages(
     returns: list[float] = []
     keys: list[tuple[int, int]] = []
     for rewards, group in zip(turn_rewards, group_ids):
-        g, out = 0.0, []
-        for r in reversed(rewards):
-            g = float(r) + gamma * g
-            out.append(g)
-        returns += out[::-1]
+        returns += turn_returns(rewards, gamma)
         keys += [(int(group), k) for k in range(len(rewards))]
     if not returns:
         return [[] for _ in turn_rewards]

@@ -9,7 +9,8 @@ One JSON object per trajectory, decoded from token ids (never the reverse):
      "policy_versions": [the versions that sampled its tokens; several in async runs]}
 
 With per-turn rewards the record has `turn_rewards`; a trajectory sampled at its own temperature
-(an answer branch with rollout.branch_temperature) has `temperature`; a stepwise trajectory (rollout.trajectory=
+(an answer branch with rollout.branch_temperature) has `temperature`; with rollout.answer_branches
+each row of an episode's set (it and its branches) has `branch_set`, the set's number in the group; a stepwise trajectory (rollout.trajectory=
 stepwise) has `turn_prompts`: per turn, the prompt the engine was given where it is not the prompt
 and completion before the turn (a re-rendered history), else null.
 
@@ -76,6 +77,8 @@ def trajectory_record(traj: Trajectory, tokenizer: Decoder, **extra: Any) -> dic
         record["turn_rewards"] = [float(r) for r in traj.turn_rewards]
     if traj.temperature is not None:
         record["temperature"] = float(traj.temperature)
+    if traj.branch_set is not None:
+        record["branch_set"] = int(traj.branch_set)
     if traj.turn_prompts is not None:
         record["turn_prompts"] = [None if p is None else tokenizer.decode(list(p), skip_special_tokens=False) for p in traj.turn_prompts]
     return record

@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -62,7 +63,7 @@ from seekrl.rollout import collect, stable_seed
 from seekrl.rollout.base import RolloutBatch, Workflow
 from seekrl.rollout.config import RolloutConfig
 from seekrl.rollout.interrupt import InterruptibleEngine
-from seekrl.rollout.refill import refill
+from seekrl.rollout.refill import informative, refill
 from seekrl.types import SamplingParams, Task, TrajectoryGroup
 
 __all__ = ["make_rollout", "SyncRollout", "AsyncRollout", "staleness", "batch_metrics"]
@@ -95,14 +96,15 @@ def batch_metrics(groups, trained_version: int, *, interrupted: int, queue: int,
 
 class SyncRollout:
     """Roll out step s's tasks when the trainer asks for them (the trainer waits for the whole rollout);
-    `refill_rounds` > 0: rollout.refill, at most that many more batches for groups without reward spread."""
+    `refill_rounds` > 0: rollout.refill, at most that many more batches for groups without reward spread
+    (`signal`: which groups are informative, the run's `GroupSignal`, rollout/refill.py)."""
 
     mode = "sync"
 
     def __init__(self, workflow: Workflow, engine: InferenceEngine, iterator: TaskIterator, params: SamplingParams, *,
-                 group_size: int, seed: int, refill_rounds: int = 0):
+                 group_size: int, seed: int, refill_rounds: int = 0, signal: Callable[[TrajectoryGroup], bool] = informative):
         self.workflow, self.engine, self.iterator, self.params = workflow, engine, iterator, params
-        self.group_size, self.seed, self.refill_rounds = group_size, seed, refill_rounds
+        self.group_size, self.seed, self.refill_rounds, self.signal = group_size, seed, refill_rounds, signal
 
     def start(self, step: int) -> None:
         pass
@@ -118,7 +120,8 @@ class SyncRollout:
                 seeded = dataclasses.replace(self.params, seed=stable_seed(self.seed, "rollout", step, "refill", round_))
                 return await collect(self.workflow, self.engine, more, self.group_size, seeded)
 
-            groups, refilled = await refill(groups, draw=self.iterator.next_batch, roll=roll, max_rounds=self.refill_rounds)
+            groups, refilled = await refill(groups, draw=self.iterator.next_batch, roll=roll, max_rounds=self.refill_rounds,
+                                           signal=self.signal)
         metrics = batch_metrics(groups, step - 1, interrupted=0, queue=0, wait_s=time.perf_counter() - t0, workflow=self.workflow)
         return RolloutBatch(groups, {**metrics, **refilled})
 
@@ -246,12 +249,13 @@ class AsyncRollout:
 
 
 def make_rollout(r: RolloutConfig, workflow: Workflow, engine: InferenceEngine, iterator: TaskIterator, params: SamplingParams,
-                 *, seed: int, decode=None) -> SyncRollout | AsyncRollout:
+                 *, seed: int, decode=None, signal: Callable[[TrajectoryGroup], bool] = informative) -> SyncRollout | AsyncRollout:
     """The rollout `rollout.mode` names, on `engine` over the data order of `iterator`; `params`
-    sample every turn, with the seed `stable_seed(seed, "rollout", step)` of each step."""
+    sample every turn, with the seed `stable_seed(seed, "rollout", step)` of each step; `signal`:
+    which groups the refill counts as informative (the run's `GroupSignal`)."""
     if r.mode == "sync":
         return SyncRollout(workflow, engine, iterator, params, group_size=r.group_size, seed=seed,
-                           refill_rounds=r.max_refill_rounds if r.refill else 0)
+                           refill_rounds=r.max_refill_rounds if r.refill else 0, signal=signal)
     return AsyncRollout(
         workflow, engine, iterator, params, group_size=r.group_size, tasks_per_step=r.tasks_per_step,
         max_staleness=r.max_staleness, max_concurrent=r.max_concurrent or r.batch_size, seed=seed, decode=decode,

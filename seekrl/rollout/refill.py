@@ -23,8 +23,13 @@ logged (`rollout/refill/surplus`), as DAPO's trimming to the batch size. After `
 rounds the step trains on the informative groups it has (`rollout/refill/short` > 0).
 
 A group is informative when its usable trajectories (status "ok"; rl.py leaves the others out
-before the filter) have reward spread, by `zero_std_group_mask` itself: an infrastructure
-failure neither makes a group informative nor uninformative by its reward of 0. The refill
+before the filter) have reward spread, by the filter's own `informative_mask`: an infrastructure
+failure neither makes a group informative nor uninformative by its reward of 0. With
+algo.branch_credit=local only the answer-branch sets train, each against its own mean, so the
+group is informative when one of its sets (`Trajectory.branch_set`) has spread: a group whose
+sets each scored alike trains nothing, however its sets differ from one another. With
+algo.turn_advantage a spread of the per-turn returns makes a group informative too. Both follow
+from the run's `GroupSignal` (`GroupSignal.of(cfg.algo)`), the one predicate rl.py's filter asks. The refill
 costs up to `max_rounds` more rollouts per step.
 
 Metrics, every step with the key on: `rollout/refill/rounds`, `rollout/refill/tasks` (tasks
@@ -36,22 +41,50 @@ and `rollout/refill/dropped_frac` (among the groups handed over: those the filte
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import torch
 
-from seekrl.algo.advantages import zero_std_group_mask
+from seekrl.algo.advantages import informative_mask
+from seekrl.algo.config import AlgoConfig
 from seekrl.types import Task, TrajectoryGroup
 
-__all__ = ["refill", "informative"]
+__all__ = ["refill", "informative", "GroupSignal"]
 
 
-def informative(group: TrajectoryGroup) -> bool:
-    """The group has reward spread among its usable (status "ok") trajectories: what the trainer's
-    `algo.filter_zero_std` keeps (a group of one usable trajectory, or none, has no spread)."""
-    rewards = [t.reward for t in group.trajectories if t.status == "ok"]
-    if len(rewards) < 2:
+@dataclass(frozen=True)
+class GroupSignal:
+    """When a group trains something under the run's credit: `algo.filter_zero_std` keeps it, and
+    the refill counts it (one predicate for both, `GroupSignal.of(cfg.algo)`). `by_set`:
+    algo.branch_credit=local, spread inside an answer-branch set; `turn_gamma` (not None with
+    algo.turn_advantage): a spread of the per-turn returns counts too."""
+
+    by_set: bool = False
+    turn_gamma: float | None = None
+
+    @classmethod
+    def of(cls, algo: AlgoConfig) -> GroupSignal:
+        return cls(by_set=algo.branch_credit == "local", turn_gamma=algo.turn_gamma if algo.turn_advantage else None)
+
+    def __call__(self, group: TrajectoryGroup) -> bool:
+        return informative(group, self.by_set, self.turn_gamma)
+
+
+def informative(group: TrajectoryGroup, by_set: bool = False, turn_gamma: float | None = None) -> bool:
+    """The group has reward spread among its usable (status "ok") trajectories, or with `by_set`
+    (algo.branch_credit=local) one of its answer-branch sets has, or with `turn_gamma` (algo.
+    turn_advantage) their per-turn returns differ at some turn (`informative_mask`): what the
+    trainer's `algo.filter_zero_std` keeps (a group of one usable trajectory, or none, has no spread)."""
+    usable = [t for t in group.trajectories if t.status == "ok"]
+    if len(usable) < 2:
         return False
-    return bool(zero_std_group_mask(torch.tensor(rewards), torch.zeros(len(rewards), dtype=torch.long)).all())
+    rewards = torch.tensor([t.reward for t in usable])
+    sets = torch.tensor([-1 if t.branch_set is None else t.branch_set for t in usable]) if by_set else None
+    turns = None
+    if turn_gamma is not None and all(t.turn_rewards is not None for t in usable):
+        turns = [list(t.turn_rewards) for t in usable]
+    return bool(informative_mask(rewards, torch.zeros(len(usable), dtype=torch.long), sets, turns,
+                                 turn_gamma if turn_gamma is not None else 1.0).all())
 
 
 def _key(task: Task) -> tuple[str, str]:
@@ -60,14 +93,16 @@ def _key(task: Task) -> tuple[str, str]:
 
 async def refill(groups: list[TrajectoryGroup], *, draw: Callable[[], list[Task]],
                  roll: Callable[[list[Task], int], Awaitable[list[TrajectoryGroup]]],
-                 max_rounds: int) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+                 max_rounds: int, signal: Callable[[TrajectoryGroup], bool] = informative
+                 ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
     """The step's groups after refill rounds, and the `rollout/refill/*` metrics (module docstring).
     `groups`: the first batch's, scored; `draw()`: the next tasks of the data order; `roll(tasks,
-    r)`: their groups, sampled with refill round r's seed."""
+    r)`: their groups, sampled with refill round r's seed; `signal`: which groups are informative
+    (the run's `GroupSignal`; by default reward spread)."""
     need = len(groups)
     seen = {_key(g.task) for g in groups}
     drawn = list(groups)
-    flags = [informative(g) for g in groups]
+    flags = [signal(g) for g in groups]
     rounds = extra = repeats = 0
     while sum(flags) < need and rounds < max_rounds:
         rounds += 1
@@ -83,7 +118,7 @@ async def refill(groups: list[TrajectoryGroup], *, draw: Callable[[], list[Task]
         more = await roll(fresh, rounds)
         extra += len(more)
         drawn += more
-        flags += [informative(g) for g in more]
+        flags += [signal(g) for g in more]
     # the draw order, cut right after the need-th informative group
     cut, found = len(drawn), 0
     for i, flag in enumerate(flags):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from seekrl.observe.samples import write_trajectories
 from seekrl.observe.stats import StatsTracker
 from seekrl.parallel.ranks import Ranks
 from seekrl.rollout.base import RolloutSource, Workflow
+from seekrl.rollout.refill import informative
 from seekrl.train.agreement import AgreementCheck, reject_unexpected_versions
 from seekrl.train.batch import TokenBatch
 from seekrl.train.checkpoint import resume_checkpoint, save_ranks_checkpoint
@@ -55,7 +57,7 @@ from seekrl.train.estimate import estimate_advantages
 from seekrl.train.offpolicy import old_logprobs
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
 from seekrl.train.teacher import Teacher
-from seekrl.types import SamplingParams, Trajectory
+from seekrl.types import SamplingParams, Trajectory, TrajectoryGroup
 
 __all__ = ["RLRun", "run", "rl_step", "learn"]
 
@@ -89,6 +91,7 @@ class RLRun:
     sync_versions: bool  # sync rollout: every sampled token comes from the version published last
     ranks: Ranks  # one process: Ranks(); under torchrun this process's rank (parallel/ranks.py)
     teacher: Teacher | None = None  # on-policy distillation (algo.teacher): scores the student's tokens
+    signal: Callable[[TrajectoryGroup], bool] = informative  # algo.filter_zero_std: the groups that train something (GroupSignal)
 
     def close(self) -> None:
         """Release the workflow (an agent endpoint), the engine (the servers a run started stop), the
@@ -153,9 +156,11 @@ async def rl_step(rl: RLRun, step: int) -> dict[str, float]:
     if trajs:
         log_rollout_stats(stats, trajs, group_ids)
 
-    # 2. Optionally drop groups without reward spread (DAPO dynamic sampling).
+    # 2. Optionally drop the groups that would train nothing (DAPO dynamic sampling): no reward
+    #    spread among their usable trajectories, by the credit's notion (rl.signal, the refill's).
     if rl.algo.filter_zero_std and trajs:
-        keep = zero_std_group_mask(torch.tensor([t.reward for t in trajs]), torch.tensor(group_ids)).tolist()
+        signal = [rl.signal(g) for g in groups]
+        keep = [signal[g] for g in group_ids]
         trajs = [t for t, k in zip(trajs, keep) if k]
         group_ids = [g for g, k in zip(group_ids, keep) if k]
         stats.add(**{"rollout/kept_frac": len(trajs) / max(1, len(keep))})

@@ -224,3 +224,50 @@ def test_answer_branches_at_their_own_temperature_are_scored_at_it(tmp_path):
         assert (scored[i, : len(t.completion_ids)][sampled] - engine).abs().max() < 1e-4
         if b:
             assert (flat[i, : len(t.completion_ids)][sampled] - engine).abs().max() > 1e-2
+
+
+def test_local_credit_filters_and_refills_by_the_spread_inside_a_branch_set(tmp_path):
+    """algo.branch_credit=local with algo.filter_zero_std and rollout.refill: a group counts as
+    informative only when one of its answer-branch sets has reward spread (every other group's
+    tokens get advantage 0 under local). The trajectory files (with each row's `branch_set`) give
+    every group handed over; the filter's kept_frac and the refill's counts match that notion, not
+    the group's whole spread, and the run meets groups where the two differ."""
+    from itertools import groupby
+
+    data, codes = _world(tmp_path)
+    cfg = load_config(None, [
+        "model.path=tiny", "model.tiny_hidden=64", "model.max_context=320", f"data.train={data}",
+        "rollout.group_size=4", "rollout.batch_size=8", "rollout.max_new_tokens=16", "rollout.max_prompt_tokens=96",
+        "rollout.max_turns=2", "rollout.max_total_tokens=160", "rollout.max_obs_tokens=96", "rollout.answer_branches=2",
+        "rollout.temperature=1.0", "tools.format=search_r1", f"tools.retriever={tmp_path / 'index'}", "tools.topk=1",
+        "reward.functions=[qa_em]", "algo.name=grpo", "algo.branch_credit=local", "algo.filter_zero_std=true",
+        "rollout.refill=true", "rollout.max_refill_rounds=2", "train.steps=3", "train.lr=1e-3", "train.seed=1",
+        f"log.dir={tmp_path}", "log.name=local", "log.progress=false", "log.tensorboard=false", "log.samples_every=1",
+        "log.samples_groups=100",
+    ])
+    comp = build_rl(cfg)
+    try:
+        _warm_start(comp, codes, steps=60)  # part-trained: some answers right, some wrong
+        asyncio.run(rl.run(comp))
+    finally:
+        comp.close()
+    rows = read_metrics(comp.run_dir)
+    assert undocumented({k for r in rows for k in r}) == []
+    differ = 0
+    for r in rows:
+        samples = [json.loads(line) for line in (comp.run_dir / "trajectories" / f"step_{r['step']}.jsonl").read_text().splitlines()]
+        by_set, whole, usable = [], [], []
+        for _, members in groupby(samples, key=lambda s: s["task_id"]):
+            ok = [s for s in members if s["status"] == "ok"]
+            sets = {}
+            for s in ok:
+                sets.setdefault(s.get("branch_set"), []).append(s["reward"])
+            assert None not in sets  # every row of a branched run is in a set
+            by_set.append(any(max(v) > min(v) for v in sets.values()))
+            whole.append(len(ok) > 1 and max(s["reward"] for s in ok) > min(s["reward"] for s in ok))
+            usable.append(len(ok))
+        differ += sum(w and not b for w, b in zip(whole, by_set))
+        assert r["rollout/refill/dropped_groups"] == by_set.count(False)
+        assert r["rollout/refill/short"] == 2 - sum(by_set)
+        assert r["rollout/kept_frac"] == pytest.approx(sum(n for n, b in zip(usable, by_set) if b) / sum(usable))
+    assert differ > 0  # groups that differ as a whole but in no set: kept before, dropped now

@@ -16,7 +16,7 @@ from seekrl.data.iterator import TaskIterator
 from seekrl.errors import ConfigError
 from seekrl.rollout import stable_seed
 from seekrl.rollout.executor import SyncRollout, batch_metrics
-from seekrl.rollout.refill import informative
+from seekrl.rollout.refill import GroupSignal, informative
 from seekrl.types import SamplingParams, Task, Trajectory, TrajectoryGroup
 
 G = 4
@@ -165,6 +165,74 @@ def test_an_infrastructure_failure_neither_makes_nor_breaks_a_group():
     assert not informative(TrajectoryGroup(task, [_traj(task, 0.0, "reward_unavailable")] * 3))
     assert informative(TrajectoryGroup(task, [_traj(task, 1.0), _traj(task, 0.0), _traj(task, 0.0, "engine_error")]))
     assert not informative(TrajectoryGroup(task, [_traj(task, 0.5), _traj(task, 0.5 + 1e-8)]))  # zero_std_group_mask's eps
+
+
+def _set_traj(task: Task, reward: float, branch_set, status: str = "ok") -> Trajectory:
+    t = _traj(task, reward, status)
+    t.branch_set = branch_set
+    return t
+
+
+def test_under_local_credit_a_group_is_informative_only_through_a_set_with_spread():
+    """algo.branch_credit=local trains an answer against its own set's mean: a group whose sets each
+    scored alike trains nothing, though its rewards differ (by_set=False still keeps it)."""
+    task = _task(0)
+    alike = TrajectoryGroup(task, [_set_traj(task, r, s) for r, s in ((1.0, 0), (1.0, 0), (0.0, 1), (0.0, 1))])
+    assert informative(alike) and not informative(alike, by_set=True)
+    one_set = TrajectoryGroup(task, [_set_traj(task, r, s) for r, s in ((1.0, 0), (1.0, 0), (1.0, 1), (0.0, 1))])
+    assert informative(one_set) and informative(one_set, by_set=True)
+    # a set whose spread is only in a failed row has none; an unbranched episode is credited against the group
+    failed = TrajectoryGroup(task, [_set_traj(task, 1.0, 0), _set_traj(task, 0.0, 0, "engine_error"), _set_traj(task, 0.0, 1)])
+    assert informative(failed) and not informative(failed, by_set=True)
+    loose = TrajectoryGroup(task, [_set_traj(task, 1.0, None), _set_traj(task, 0.0, 0), _set_traj(task, 0.0, 0)])
+    assert informative(loose, by_set=True)
+    # a group without any set is judged by its spread, as without the option
+    plain = TrajectoryGroup(task, [_traj(task, 1.0), _traj(task, 0.0)])
+    assert informative(plain, by_set=True) and not informative(TrajectoryGroup(task, [_traj(task, 1.0)] * 2), by_set=True)
+
+
+def test_group_signal_follows_the_algo_config():
+    """GroupSignal.of(cfg.algo): the one predicate of the refill and the filter, by the credit."""
+    def algo(*overrides):
+        return load_config(None, ["model.path=tiny", *overrides]).algo
+
+    assert GroupSignal.of(algo()) == GroupSignal()
+    assert GroupSignal.of(algo("algo.branch_credit=local")) == GroupSignal(by_set=True)
+    assert GroupSignal.of(algo("algo.turn_advantage=true", "algo.turn_gamma=0.9")) == GroupSignal(turn_gamma=0.9)
+    task = _task(0)
+    # equal outcomes, different per-turn rewards: informative only when the turn rewards train
+    turns = []
+    for r, tr in ((1.0, [0.0, 1.0]), (1.0, [1.0, 0.0])):
+        t = _traj(task, r)
+        t.turn_rewards = tr
+        turns.append(t)
+    group = TrajectoryGroup(task, turns)
+    assert not GroupSignal()(group) and GroupSignal(turn_gamma=1.0)(group)
+    turns[1].turn_rewards = [0.0, 1.0]
+    assert not GroupSignal(turn_gamma=1.0)(group)
+
+
+class SetWorkflow(TableWorkflow):
+    """Two sets of two rows a group: t-ids in `spread` have spread inside set 1; the others have
+    sets that each score alike, but differ from each other (a whole-group spread)."""
+
+    async def run(self, task: Task, engine, n: int, params: SamplingParams | None = None) -> TrajectoryGroup:
+        self.calls.append((task.id, params.seed if params else None))
+        rewards = (1.0, 1.0, 1.0, 0.0) if task.id in self.spread else (1.0, 1.0, 0.0, 0.0)
+        return TrajectoryGroup(task, [_set_traj(task, r, i // 2) for i, r in enumerate(rewards)])
+
+
+def test_refill_by_set_refills_for_groups_whose_sets_scored_alike():
+    tasks = [_task(i) for i in range(12)]
+    wf = SetWorkflow(spread={"t1", "t4", "t5", "t6", "t9"})
+    it = TaskIterator(tasks, 4, seed=0, shuffle=False)
+    by_set = SyncRollout(wf, NoEngine(), it, SamplingParams(max_new_tokens=2), group_size=G, seed=0, refill_rounds=3,
+                         signal=GroupSignal(by_set=True))
+    batch = asyncio.run(by_set.next_batch(1))
+    assert _ids(batch) == ["t0", "t1", "t2", "t3", "t4", "t5", "t6"]
+    assert _refill_metrics(batch)["dropped_groups"] == 3.0 and _refill_metrics(batch)["rounds"] == 1.0
+    whole, _ = _rollout(SetWorkflow(spread={"t1"}), tasks, 4, rounds=3)  # by whole-group spread every group counts
+    assert _refill_metrics(asyncio.run(whole.next_batch(1)))["rounds"] == 0.0
 
 
 def test_refill_off_is_the_plain_sync_rollout():

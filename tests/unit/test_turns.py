@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from seekrl.algo.advantages import (episode_group_advantages, episode_sum, group_advantages, shared_history_advantages,
+from seekrl.algo.advantages import (episode_group_advantages, episode_sum, group_advantages, informative_mask, shared_history_advantages,
                                     turn_advantages, turn_discount)
 from seekrl.train.batch import TokenBatch
 from seekrl.train.estimate import estimate_advantages
@@ -265,6 +265,33 @@ def test_answer_branches_credit_the_shared_history_with_the_sets_mean_advantage(
     # no branches: the estimator is the plain one (no set tensors on the batch)
     plain = TokenBatch.from_trajectories([episode(1.0, [(2, 0)], stepwise=False), episode(0.0, [(2, 0)], stepwise=False)], [0, 0])
     assert plain.branch_set_B is None and plain.shared_B is None
+
+
+def test_informative_mask_follows_the_credit():
+    """Without sets: a group is kept iff its rewards differ. With the sets of branch_credit=local: iff
+    one of its sets' rewards differ, or one of its rows in no set is credited against a group with
+    spread; and then every member of the group is kept."""
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 3])
+    sets = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, -1, 4, 4, -1])
+    assert informative_mask(rewards, groups).tolist() == [True] * 11 + [False]
+    assert informative_mask(rewards, groups, sets).tolist() == [False] * 4 + [True] * 7 + [False]
+    # the estimator agrees: group 0 (sets alike) has zero advantage at every column under local
+    adv = group_advantages(rewards, groups)
+    local = shared_history_advantages(adv, sets, torch.tensor([2] * 12), 4, local=True)
+    assert local[:4].abs().max() == 0 and local[4:11].abs().max() > 0
+    with pytest.raises(ValueError):
+        informative_mask(rewards, groups, sets[:3])
+    # algo.turn_advantage: a group also trains where the returns at one turn differ among its rows
+    turns = [[0.0, 1.0]] * 4 + [[0.0]] * 7 + [[1.0]]
+    assert informative_mask(rewards, groups, sets, turns).tolist() == [False] * 4 + [True] * 7 + [False]  # returns 1, 1 each
+    turns[2] = [1.0, 0.0]  # returns 1, 0: they differ at turn 1
+    assert informative_mask(rewards, groups, sets, turns).tolist() == [True] * 11 + [False]
+    turns[2] = [1.0]  # returns 1 at turn 0, as the others'; turn 1 has the others only, alike
+    assert informative_mask(rewards, groups, sets, turns).tolist() == [False] * 4 + [True] * 7 + [False]
+    assert informative_mask(rewards, groups, sets, turns, turn_gamma=0.5).tolist() == [True] * 11 + [False]  # 0.5 vs 1 at turn 0
+    with pytest.raises(ValueError):
+        informative_mask(rewards, groups, sets, turns[:3])
 
 
 def test_kl_in_the_reward_is_the_whole_episodes():
