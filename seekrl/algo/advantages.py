@@ -178,17 +178,11 @@ def informative_mask(rewards_B: torch.Tensor, group_ids_B: torch.Tensor, set_ids
     if turn_rewards is not None:
         if len(turn_rewards) != rewards_B.numel():
             raise ValueError(f"{len(turn_rewards)} rows of turn rewards for {rewards_B.numel()} rewards")
-        returns, keys, rows = [], [], []
-        for b, (rewards, group) in enumerate(zip(turn_rewards, group_ids_B.tolist())):
-            g = turn_returns(rewards, turn_gamma)
-            returns += g
-            keys += [(group, k) for k in range(len(g))]
-            rows += [b] * len(g)
-        if returns:
-            dense = {key: i for i, key in enumerate(dict.fromkeys(keys))}
-            spread_K = zero_std_group_mask(torch.tensor(returns, dtype=torch.float64), torch.tensor([dense[k] for k in keys]), eps)
-            turn_B = torch.zeros(rewards_B.numel(), dtype=torch.long).index_add_(0, torch.tensor(rows), spread_K.long()) > 0
-            row_B = row_B | turn_B
+        returns_N, positions_N = _turn_positions(turn_rewards, group_ids_B.tolist(), turn_gamma)
+        if returns_N.numel():
+            row_N = torch.repeat_interleave(torch.arange(len(turn_rewards)), torch.tensor([len(r) for r in turn_rewards]))
+            spread_N = zero_std_group_mask(returns_N, positions_N, eps)
+            row_B = row_B | (torch.zeros(len(turn_rewards), dtype=torch.long).index_add_(0, row_N, spread_N.long()) > 0)
     _, inv_B = torch.unique(group_ids_B, return_inverse=True)
     any_G = torch.zeros(int(inv_B.max().item()) + 1 if inv_B.numel() else 0, dtype=torch.long, device=inv_B.device)
     any_G = any_G.index_add_(0, inv_B, row_B.long())
@@ -284,7 +278,6 @@ def turn_discount(turn_BC: torch.Tensor, turns_B: torch.Tensor, gamma: float) ->
     return torch.full(steps_BC.shape, float(gamma)).pow(steps_BC.float()) if gamma != 1.0 else torch.ones(steps_BC.shape)
 
 
-@torch.no_grad()
 def turn_returns(rewards: list[float], gamma: float = 1.0) -> list[float]:
     """The return of each turn of one episode, G_k = r_k + gamma * G_{k+1} (the rewards of the turns left)."""
     g, out = 0.0, []
@@ -294,6 +287,19 @@ def turn_returns(rewards: list[float], gamma: float = 1.0) -> list[float]:
     return out[::-1]
 
 
+def _turn_positions(turn_rewards: list[list[float]], group_ids: list[int], gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every turn's return (`turn_returns`), flat in episode order, and its (group, turn) as a dense
+    id: the positions that `turn_advantages` compares, and `informative_mask` checks for spread."""
+    returns: list[float] = []
+    keys: list[tuple[int, int]] = []
+    for rewards, group in zip(turn_rewards, group_ids):
+        returns += turn_returns(rewards, gamma)
+        keys += [(int(group), k) for k in range(len(rewards))]
+    dense = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    return torch.tensor(returns, dtype=torch.float64), torch.tensor([dense[k] for k in keys], dtype=torch.long)
+
+
+@torch.no_grad()
 def turn_advantages(
     turn_rewards: list[list[float]],
     group_ids: list[int],
@@ -315,15 +321,10 @@ def turn_advantages(
         raise ValueError(f"{len(turn_rewards)} episodes of turn rewards but {len(group_ids)} group ids")
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"turn gamma must be in [0, 1], got {gamma}")
-    returns: list[float] = []
-    keys: list[tuple[int, int]] = []
-    for rewards, group in zip(turn_rewards, group_ids):
-        returns += turn_returns(rewards, gamma)
-        keys += [(int(group), k) for k in range(len(rewards))]
-    if not returns:
+    returns_N, positions_N = _turn_positions(turn_rewards, group_ids, gamma)
+    if not returns_N.numel():
         return [[] for _ in turn_rewards]
-    dense = {key: i for i, key in enumerate(dict.fromkeys(keys))}
-    adv = group_advantages(torch.tensor(returns, dtype=torch.float64), torch.tensor([dense[k] for k in keys]), baseline, scale, eps)
+    adv = group_advantages(returns_N, positions_N, baseline, scale, eps)
     flat, out, pos = adv.tolist(), [], 0
     for rewards in turn_rewards:
         out.append(flat[pos : pos + len(rewards)])

@@ -90,7 +90,7 @@ class AlgoConfig:
     value_clip: Annotated[float | None, Range(gt=0, text="a finite number > 0 (e.g. 0.2) or null for no clipping")] = 0.2
     """PPO value clip; none disables."""
     filter_zero_std: bool = False
-    """Drop groups whose rewards are all equal (DAPO dynamic sampling); with branch_credit=local, the groups none of whose answer-branch sets has reward spread (they train nothing)."""
+    """Drop groups whose rewards are all equal (DAPO dynamic sampling); with branch_credit=local, the groups none of whose answer-branch sets has reward spread (they train nothing); with turn_advantage, a group whose per-turn returns differ at some turn is kept."""
     mask_truncated: bool = False
     """Exclude completions cut by max_new_tokens from the loss (DAPO overlong filtering)."""
     decoupled: bool | None = None

@@ -48,7 +48,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "rollout/sampled_tokens": ("rl", "tokens the policy sampled per episode"),
     "rollout/response_len": ("rl", "tokens after the prompt per episode (the workflow's count)"),
     "rollout/truncated": ("rl", "single-turn: the completion hit max_new_tokens"),
-    "rollout/kept_frac": ("rl", "algo.filter_zero_std: fraction of trajectories in groups with reward spread (algo.branch_credit=local: spread inside one of the group's answer-branch sets)"),
+    "rollout/kept_frac": ("rl", "algo.filter_zero_std: fraction of trajectories in groups with reward spread (algo.branch_credit=local: spread inside one of the group's answer-branch sets; algo.turn_advantage: or in the per-turn returns)"),
     "rollout/refill/rounds": ("rl", "rollout.refill: extra batches of the data order rolled out this step to replace groups without reward spread"),
     "rollout/refill/tasks": ("rl", "rollout.refill: tasks rolled out beyond the step's first batch"),
     "rollout/refill/repeats": ("rl", "rollout.refill: tasks drawn that the step already held (skipped, not rolled out twice)"),

@@ -10,9 +10,10 @@ One JSON object per trajectory, decoded from token ids (never the reverse):
 
 With per-turn rewards the record has `turn_rewards`; a trajectory sampled at its own temperature
 (an answer branch with rollout.branch_temperature) has `temperature`; with rollout.answer_branches
-each row of an episode's set (it and its branches) has `branch_set`, the set's number in the group; a stepwise trajectory (rollout.trajectory=
-stepwise) has `turn_prompts`: per turn, the prompt the engine was given where it is not the prompt
-and completion before the turn (a re-rendered history), else null.
+each row of an episode's set (it and its branches) has `branch_set`, the set's number in the
+group; a stepwise trajectory (rollout.trajectory=stepwise) has `turn_prompts`: per turn, the
+prompt the engine was given where it is not the prompt and completion before the turn (a
+re-rendered history), else null.
 
 `segments` are the maximal runs of equal loss_mask, each decoded on its own: `masked: true`
 marks inserted text (tool output, environment text) that is excluded from the loss. Joined,

@@ -70,7 +70,7 @@ class RolloutConfig:
     agent_timeout_s: Annotated[float, Range(gt=0)] = 300.0
     """rollout.agent: seconds per episode; an episode past it is left out of the update (status agent_error) and counted."""
     refill: bool = False
-    """DAPO dynamic sampling with refill (sync; with algo.filter_zero_std=true): when fewer than batch_size / group_size of a step's groups have reward spread (usable trajectories only; with algo.branch_credit=local, spread inside one of their answer-branch sets), roll out the next batches of the data order until they do, at most max_refill_rounds more; the step trains on exactly that many informative groups (the data position moves on by every task drawn)."""
+    """DAPO dynamic sampling with refill (sync; with algo.filter_zero_std=true): when fewer than batch_size / group_size of a step's groups have reward spread (usable trajectories only; with algo.branch_credit=local, spread inside one of their answer-branch sets; with algo.turn_advantage, per-turn returns that differ count too), roll out the next batches of the data order until they do, at most max_refill_rounds more; the step trains on exactly that many informative groups (the data position moves on by every task drawn)."""
     max_refill_rounds: Annotated[int, Range(ge=1)] = 4
     """rollout.refill: most extra batches (of batch_size / group_size tasks) one step may roll out; after them the step trains on the informative groups it has (rollout/refill/short counts the missing ones)."""
 

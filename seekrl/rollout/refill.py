@@ -29,8 +29,8 @@ algo.branch_credit=local only the answer-branch sets train, each against its own
 group is informative when one of its sets (`Trajectory.branch_set`) has spread: a group whose
 sets each scored alike trains nothing, however its sets differ from one another. With
 algo.turn_advantage a spread of the per-turn returns makes a group informative too. Both follow
-from the run's `GroupSignal` (`GroupSignal.of(cfg.algo)`), the one predicate rl.py's filter asks. The refill
-costs up to `max_rounds` more rollouts per step.
+from the run's `GroupSignal` (`GroupSignal.of(cfg.algo)`), the one predicate rl.py's filter
+asks. The refill costs up to `max_rounds` more rollouts per step.
 
 Metrics, every step with the key on: `rollout/refill/rounds`, `rollout/refill/tasks` (tasks
 rolled out beyond the first batch), `rollout/refill/repeats`, `rollout/refill/dropped_groups`

@@ -48,7 +48,6 @@ from seekrl.observe.samples import write_trajectories
 from seekrl.observe.stats import StatsTracker
 from seekrl.parallel.ranks import Ranks
 from seekrl.rollout.base import RolloutSource, Workflow
-from seekrl.rollout.refill import informative
 from seekrl.train.agreement import AgreementCheck, reject_unexpected_versions
 from seekrl.train.batch import TokenBatch
 from seekrl.train.checkpoint import resume_checkpoint, save_ranks_checkpoint
@@ -90,8 +89,8 @@ class RLRun:
     agreement: AgreementCheck  # engine vs trainer log-probs, every step
     sync_versions: bool  # sync rollout: every sampled token comes from the version published last
     ranks: Ranks  # one process: Ranks(); under torchrun this process's rank (parallel/ranks.py)
+    signal: Callable[[TrajectoryGroup], bool]  # algo.filter_zero_std: the groups that train something (rollout/refill.py GroupSignal)
     teacher: Teacher | None = None  # on-policy distillation (algo.teacher): scores the student's tokens
-    signal: Callable[[TrajectoryGroup], bool] = informative  # algo.filter_zero_std: the groups that train something (GroupSignal)
 
     def close(self) -> None:
         """Release the workflow (an agent endpoint), the engine (the servers a run started stop), the
