@@ -2,6 +2,7 @@
 
     python bench/branch_update.py --threads 2                       # SmolLM2-135M, the recipe's update settings
     python bench/branch_update.py --model tiny --steps 1            # a quick look
+    python bench/branch_update.py --threads 2 --zero-sets 0.5       # + answer sets of advantage 0, run or left out
 
 A step of `rollout.answer_branches=K` trains, for each episode, K - 1 more rows that repeat the
 episode's whole history (masked) and add an answer of their own (workflows/tool_agent.py). The
@@ -29,6 +30,12 @@ recipe sets them; `--freeze` lower layers frozen, fp32), median of `--steps` aft
 and the tokens the decoder ran (prefixes once per micro-batch, plus the rest of each completion).
 The two branch arms' log-probs of the trained tokens are compared (they must agree to float
 rounding: the lifting changes where tokens run, not what they compute).
+
+With `--zero-sets F` (> 0) two more arms give advantage 0 to every row of a fraction F of the
+episodes (an episode and its branches: an answer set without reward spread, which
+`algo.branch_credit=local` gives 0 on every token) and run the lifted batch with
+`train.skip_zero_advantage` off (every row runs) and on (those rows left out; they still count
+in the loss's normaliser, so the step is the same). Their gradients are compared.
 """
 
 from __future__ import annotations
@@ -96,7 +103,8 @@ def decoder_tokens(plan, batch, index: list[int] | None = None) -> int:
     return total
 
 
-def measure(args, name: str, trajs, model, tok, lift: bool, minibatches: int = 1, whole_groups: bool = True) -> dict:
+def measure(args, name: str, trajs, model, tok, lift: bool, minibatches: int = 1, whole_groups: bool = True,
+            zero_sets: float = 0.0, skip: bool = True) -> dict:
     import torch
 
     import seekrl.train.batching as batching
@@ -113,13 +121,20 @@ def measure(args, name: str, trajs, model, tok, lift: bool, minibatches: int = 1
         cfg = Config()
         cfg.train.lr, cfg.train.micro_batch_tokens = 1e-6, args.micro_batch_tokens
         cfg.train.minibatches = minibatches
+        cfg.train.skip_zero_advantage = skip
         rng = random.Random(1)
         trainer = policy_trainer(cfg, model, tok.pad_token_id, total_steps=args.steps + 1)
         trainer.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # every arm scores the same weights
         batch = TokenBatch.from_trajectories(trajs, [int(t.task.id) for t in trajs])  # a group a question, as the rollout numbers them
         if not whole_groups:  # every row its own group: the split cuts across tasks
             batch.group_ids_B = torch.arange(len(batch))
-        batch.adv_BC = pad_completion([[rng.uniform(-1, 1)] * len(t.completion_ids) for t in trajs], batch.width)
+        adv = [rng.uniform(-1, 1) for _ in trajs]
+        if zero_sets > 0:  # every row of a fraction of the episodes (an episode and its K - 1 branches): advantage 0
+            sets = list(range(len(trajs) // args.branches))
+            random.Random(2).shuffle(sets)
+            dead = set(sets[: round(zero_sets * len(sets))])
+            adv = [0.0 if i // args.branches in dead else a for i, a in enumerate(adv)]
+        batch.adv_BC = pad_completion([[a] * len(t.completion_ids) for a, t in zip(adv, trajs)], batch.width)
         batch.old_logp_BC = None  # one optimizer step: the old log-probs come from the update's own pass (the recipe)
         t0 = time.perf_counter()
         logp = trainer.logprobs(batch)
@@ -138,18 +153,21 @@ def measure(args, name: str, trajs, model, tok, lift: bool, minibatches: int = 1
         try:
             for i in range(args.steps + 1):
                 ran.clear()
+                model.zero_grad(set_to_none=True)
                 t0 = time.perf_counter()
                 trainer.update(batch, StatsTracker())
                 if i:  # the first is a warm-up
                     times.append(time.perf_counter() - t0)
         finally:
             type(trainer.plan).micro_batches = split
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])  # the last update's (SGD at lr 0)
         tokens = sum(decoder_tokens(trainer.plan, batch, index) for index in ran)  # the last update's minibatches
     finally:
         batching.lifted_prefixes = plan_mod.lifted_prefixes = real
     trained = batch.loss_mask_BC > 0
-    return {"arm": name, "rows": len(trajs), "update_s": statistics.median(times), "logprob_s": logprob_s,
-            "decoder_tokens": tokens, "trained_tokens": int(trained.sum()), "_logp": logp[trained]}
+    return {"arm": name, "rows": len(trajs), "rows_run": len({i for index in ran for i in index}),
+            "update_s": statistics.median(times), "logprob_s": logprob_s,
+            "decoder_tokens": tokens, "trained_tokens": int(trained.sum()), "_logp": logp[trained], "_grad": grad}
 
 
 def main() -> None:
@@ -169,6 +187,8 @@ def main() -> None:
     p.add_argument("--micro-batch-tokens", type=int, default=2048, help="train.micro_batch_tokens (the recipe: 2048)")
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--minibatches", type=int, default=1, help="M > 1: two more arms in M optimizer steps (rows / whole groups)")
+    p.add_argument("--zero-sets", type=float, default=0.0,
+                   help="F > 0: two more arms with advantage 0 on a fraction F of the episodes, train.skip_zero_advantage off / on")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     import torch
@@ -183,30 +203,43 @@ def main() -> None:
     arms = [("episodes", episodes(args, random.Random(0), vocab, args.group, 1), True)]
     branched = episodes(args, random.Random(0), vocab, args.branch_group, K)
     arms += [("branches, history repeated", branched, False), ("branches, history lifted", branched, True)]
-    arms = [(name, trajs, lift, 1, True) for name, trajs, lift in arms]
+    arms = [(name, trajs, lift, 1, True, 0.0, True) for name, trajs, lift in arms]
     M = args.minibatches
     if M > 1:
-        arms += [(f"branches, lifted, {M} minibatches of rows", branched, True, M, False),
-                 (f"branches, lifted, {M} minibatches of whole groups", branched, True, M, True)]
+        arms += [(f"branches, lifted, {M} minibatches of rows", branched, True, M, False, 0.0, True),
+                 (f"branches, lifted, {M} minibatches of whole groups", branched, True, M, True, 0.0, True)]
+    Z = args.zero_sets
+    if Z > 0:
+        arms += [(f"branches, lifted, {Z:.0%} of episodes advantage 0, every row run", branched, True, 1, True, Z, False),
+                 (f"branches, lifted, {Z:.0%} of episodes advantage 0, left out (train.skip_zero_advantage)", branched, True, 1, True, Z, True)]
     rows = []
-    for name, trajs, lift, minibatches, whole in arms:
-        rows.append(measure(args, name, trajs, model, tok, lift, minibatches, whole))
+    for name, trajs, lift, minibatches, whole, zero, skip in arms:
+        rows.append(measure(args, name, trajs, model, tok, lift, minibatches, whole, zero, skip))
         r = rows[-1]
-        print(f"{name}: {r['rows']} rows, update {r['update_s']:.2f} s, old log-prob pass {r['logprob_s']:.2f} s", flush=True)
+        print(f"{name}: {r['rows']} rows ({r['rows_run']} run), update {r['update_s']:.2f} s, "
+              f"old log-prob pass {r['logprob_s']:.2f} s", flush=True)
     gap = float((rows[1]["_logp"] - rows[2]["_logp"]).abs().max())
+    grad_gap = None
+    if Z > 0:
+        a, b = rows[-2]["_grad"], rows[-1]["_grad"]
+        grad_gap = float((a - b).norm() / a.norm().clamp(min=1e-30))
     for r in rows:
-        r.pop("_logp")
+        r.pop("_logp"), r.pop("_grad")
     frozen = args.freeze if args.model != "tiny" else 0
     print(f"{args.model}, CPU, {args.threads} threads, fp32, {frozen} layers frozen, micro-batches of {args.micro_batch_tokens} "
           f"tokens; {args.questions} questions: {args.group} episodes, or {args.branch_group} episodes × {K} answers, each")
-    print("| arm | rows | trained tokens | decoder tokens | update s | old log-prob pass s |")
+    print("| arm | rows (run) | trained tokens | decoder tokens | update s | old log-prob pass s |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['arm']} | {r['rows']} | {r['trained_tokens']:,} | {r['decoder_tokens']:,} | {r['update_s']:.2f} | {r['logprob_s']:.2f} |")
+        print(f"| {r['arm']} | {r['rows']} ({r['rows_run']}) | {r['trained_tokens']:,} | {r['decoder_tokens']:,} | "
+              f"{r['update_s']:.2f} | {r['logprob_s']:.2f} |")
     print(f"max |Δ log p| of the trained tokens, history repeated vs lifted: {gap:.2e}")
+    if grad_gap is not None:
+        print(f"|Δ gradient| / |gradient|, zero-advantage rows run vs left out: {grad_gap:.2e}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "logp_gap_max": gap}, indent=2))
+        Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "logp_gap_max": gap,
+                                              "grad_rel_gap": grad_gap}, indent=2))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ class TrainConfig:
     """Run each distinct prompt once per micro-batch and its G completions on its KV cache (exact; off under gradient checkpointing)."""
     packing: bool = True
     """Pack a micro-batch's sequences end to end into rows (varlen, attention kept within each sequence by a 4-D mask) instead of padding them, when that saves >= 10% of the rows; exact; SDPA or eager attention (others pad)."""
+    skip_zero_advantage: bool = True
+    """Leave out of the policy update the rows whose every trained token has advantage 0 (a group without reward spread, or under algo.branch_credit=local an answer set without spread): their gradient is exactly 0, and they still count in the loss's token or sequence normaliser, so the update is the same (float rounding aside) for less compute. Rows are kept when the loss has a term that does not vanish with the advantage (algo.kl_in=loss with a KL coefficient, algo.entropy_coef > 0). The update's actor/*, entropy and mismatch/* metrics are then measured over the rows it ran (train/skipped_rows: the share left out)."""
     recompute_logprobs: Literal["auto", "always", "never"] = "auto"
     """Old log-probs: auto (reuse the engine's when exact: local fp32 engine sharing weights; otherwise, with one optimizer step a batch in sync mode and nothing reading them before the update, the update's own forward pass detached: one pass fewer) | always (a separate forward pass) | never."""
     agreement_rows: Annotated[int, Range(ge=0, text=">= 0 (0: no check when the engine's log-probs are reused)")] = 1

@@ -116,15 +116,17 @@ class PolicyTrainer:
             raise ValueError("old log-probs from the update's own forward pass need one optimizer step a batch "
                              "(train.ppo_epochs=1, one minibatch); recompute them first (trainer.logprobs)")
         mask_BC = batch.train_mask_BC(self.algo.mask_truncated)
+        live_B = self._live_rows(batch, mask_BC)
         self.model.train()
         for _, idx in minibatch_indices(len(batch), t.ppo_epochs, minibatches, self.gen, groups):
             mini = _minibatch(idx, mask_BC)
             if mini.tokens == 0:
                 stats.add(skipped_minibatches=1.0)
                 continue
+            run = self._rows_to_run(idx, live_B, mask_BC, mini, stats)
             self.optimizer.zero_grad(set_to_none=True)
             finite = True
-            for mb in self.plan.micro_batches(batch, idx):
+            for mb in self.plan.micro_batches(batch, run):
                 finite = self._micro_step(mb, batch, mini, stats) and finite
                 if not finite and not self.ranks.distributed:
                     break  # its step is skipped anyway (every rank runs all its micro-batches: FSDP's collectives)
@@ -142,6 +144,39 @@ class PolicyTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
         stats.add(lr=self.scheduler.get_last_lr()[0])
         step_scheduler(self.scheduler)
+
+    def _live_rows(self, batch: TokenBatch, mask_BC: torch.Tensor) -> torch.Tensor | None:
+        """Which rows can move the weights (train.skip_zero_advantage): those with a nonzero
+        advantage on a trained token. Every policy loss (algo/losses.py) is the advantage times a
+        function of the ratio, so a row whose trained tokens all have advantage 0 has a gradient of
+        exactly 0. None (every row runs) when the option is off or the loss has a term that does
+        not vanish with the advantage: the KL in the loss, the entropy bonus."""
+        kl_in_loss = batch.ref_logp_BC is not None and self.algo.kl_in == "loss" and batch.kl_coef > 0
+        if not self.train.skip_zero_advantage or kl_in_loss or self.algo.entropy_coef > 0:
+            return None
+        return ((batch.adv_BC != 0) & (mask_BC > 0)).any(dim=1)
+
+    def _rows_to_run(self, idx: list[int], live_B: torch.Tensor | None, mask_BC: torch.Tensor, mini: Minibatch,
+                     stats: StatsTracker) -> list[int]:
+        """The minibatch's rows the update runs. The rows left out still count in `mini` (the
+        loss's token or sequence normaliser), so the gradient is the whole minibatch's; their zero
+        loss joins `loss/policy` with their share. A minibatch without a live row runs one row
+        (a zero gradient), so the optimizer steps as it would on the whole minibatch (AdamW's
+        moments move on a zero gradient, not on none)."""
+        if live_B is None:
+            return idx
+        trained = [i for i in idx if float(mask_BC[i].sum()) > 0]
+        run = [i for i in trained if bool(live_B[i])] or trained[:1]
+        ran = set(run)
+        left = [i for i in trained if i not in ran]
+        stats.add_weighted(len(trained), **{"train/skipped_rows": len(left) / len(trained)})
+        if left and self.ranks.is_main:  # once: the ranks' stats are merged (each micro-batch is its owner's)
+            if self.algo.loss_agg == "token-mean":
+                share = sum(float(mask_BC[i].sum()) for i in left) / mini.tokens
+            else:
+                share = len(left) / max(1, mini.sequences)
+            stats.add_weighted(share, **{"loss/policy": 0.0})
+        return run
 
     def _micro_step(self, mb: MicroBatch, batch: TokenBatch, mini: Minibatch, stats: StatsTracker) -> bool:
         """Forward and backward of one micro-batch; False (and no backward) when its loss is not finite."""

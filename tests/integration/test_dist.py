@@ -100,7 +100,10 @@ def test_two_ranks_equal_one_process(runs):
     ref = load_file(str(runs / "runs" / "one" / "checkpoints" / "step_5" / "model" / "model.safetensors"))
     for name, p in model.state_dict().items():
         if name in ref:
-            assert torch.allclose(p, ref[name], atol=1e-5), name
+            # atol: float rounding of other micro-batch shapes (rows split over ranks, and the rows
+            # train.skip_zero_advantage leaves out), grown by 5 AdamW steps at lr up to 1e-3: about 2e-5
+            # measured, against ~3e-3 of movement; a lost micro-batch or a wrong scale moves ~1e-3
+            assert torch.allclose(p, ref[name], atol=1e-4), name
 
 
 def test_resume_two_ranks_on_one_and_one_on_two(runs):

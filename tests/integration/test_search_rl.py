@@ -253,10 +253,10 @@ def test_local_credit_filters_and_refills_by_the_spread_inside_a_branch_set(tmp_
         comp.close()
     rows = read_metrics(comp.run_dir)
     assert undocumented({k for r in rows for k in r}) == []
-    differ = 0
+    differ = skipped = 0
     for r in rows:
         samples = [json.loads(line) for line in (comp.run_dir / "trajectories" / f"step_{r['step']}.jsonl").read_text().splitlines()]
-        by_set, whole, usable = [], [], []
+        by_set, whole, usable, dead = [], [], [], 0
         for _, members in groupby(samples, key=lambda s: s["task_id"]):
             ok = [s for s in members if s["status"] == "ok"]
             sets = {}
@@ -264,10 +264,16 @@ def test_local_credit_filters_and_refills_by_the_spread_inside_a_branch_set(tmp_
                 sets.setdefault(s.get("branch_set"), []).append(s["reward"])
             assert None not in sets  # every row of a branched run is in a set
             by_set.append(any(max(v) > min(v) for v in sets.values()))
+            if by_set[-1]:  # kept: its sets without spread have advantage 0 on every row
+                dead += sum(len(v) for v in sets.values() if max(v) == min(v))
             whole.append(len(ok) > 1 and max(s["reward"] for s in ok) > min(s["reward"] for s in ok))
             usable.append(len(ok))
         differ += sum(w and not b for w, b in zip(whole, by_set))
         assert r["rollout/refill/dropped_groups"] == by_set.count(False)
         assert r["rollout/refill/short"] == 2 - sum(by_set)
         assert r["rollout/kept_frac"] == pytest.approx(sum(n for n, b in zip(usable, by_set) if b) / sum(usable))
+        # the update leaves those rows out (train.skip_zero_advantage): a row left out per dead row
+        assert r["train/skipped_rows"] == pytest.approx(dead / sum(n for n, b in zip(usable, by_set) if b))
+        skipped += dead
     assert differ > 0  # groups that differ as a whole but in no set: kept before, dropped now
+    assert skipped > 0  # and kept groups with a set of advantage 0, whose rows the update left out
