@@ -200,22 +200,25 @@ def main() -> None:
                             tiny_layers=2, tiny_vocab=512, freeze_layers=args.freeze if args.model != "tiny" else 0)
     vocab = min(model.config.vocab_size, 30000)
     K = args.branches
-    arms = [("episodes", episodes(args, random.Random(0), vocab, args.group, 1), True)]
     branched = episodes(args, random.Random(0), vocab, args.branch_group, K)
-    arms += [("branches, history repeated", branched, False), ("branches, history lifted", branched, True)]
-    arms = [(name, trajs, lift, 1, True, 0.0, True) for name, trajs, lift in arms]
+    arms = [dict(name="episodes", trajs=episodes(args, random.Random(0), vocab, args.group, 1), lift=True),
+            dict(name="branches, history repeated", trajs=branched, lift=False),
+            dict(name="branches, history lifted", trajs=branched, lift=True)]
     M = args.minibatches
     if M > 1:
-        arms += [(f"branches, lifted, {M} minibatches of rows", branched, True, M, False, 0.0, True),
-                 (f"branches, lifted, {M} minibatches of whole groups", branched, True, M, True, 0.0, True)]
+        arms += [dict(name=f"branches, lifted, {M} minibatches of rows", trajs=branched, lift=True, minibatches=M, whole_groups=False),
+                 dict(name=f"branches, lifted, {M} minibatches of whole groups", trajs=branched, lift=True, minibatches=M)]
     Z = args.zero_sets
     if Z > 0:
-        arms += [(f"branches, lifted, {Z:.0%} of episodes advantage 0, every row run", branched, True, 1, True, Z, False),
-                 (f"branches, lifted, {Z:.0%} of episodes advantage 0, left out (train.skip_zero_advantage)", branched, True, 1, True, Z, True)]
+        arms += [dict(name=f"branches, lifted, {Z:.0%} of episodes advantage 0, every row run", trajs=branched, lift=True,
+                      zero_sets=Z, skip=False),
+                 dict(name=f"branches, lifted, {Z:.0%} of episodes advantage 0, left out (train.skip_zero_advantage)",
+                      trajs=branched, lift=True, zero_sets=Z)]
     rows = []
-    for name, trajs, lift, minibatches, whole, zero, skip in arms:
-        rows.append(measure(args, name, trajs, model, tok, lift, minibatches, whole, zero, skip))
+    for arm in arms:
+        rows.append(measure(args, model=model, tok=tok, **arm))
         r = rows[-1]
+        name = arm["name"]
         print(f"{name}: {r['rows']} rows ({r['rows_run']} run), update {r['update_s']:.2f} s, "
               f"old log-prob pass {r['logprob_s']:.2f} s", flush=True)
     gap = float((rows[1]["_logp"] - rows[2]["_logp"]).abs().max())

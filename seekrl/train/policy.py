@@ -45,13 +45,21 @@ class Minibatch:
 
     rows: list[int]
     mask_BC: torch.Tensor  # the loss mask the update trains on (algo.mask_truncated applied), whole batch
+    row_tokens: list[float]  # trained tokens of each of `rows`
     tokens: int  # trained tokens in the minibatch (token-mean weights)
     sequences: int  # sequences with a trained token (sequence-mean weights)
+
+    def share(self, row_tokens_R: torch.Tensor, token_mean: bool) -> float:
+        """The part of the minibatch's loss carried by rows with these trained-token counts:
+        their tokens (token-mean) or their sequences with a trained token (otherwise)."""
+        if token_mean:
+            return float(row_tokens_R.sum()) / self.tokens
+        return float((row_tokens_R > 0).sum()) / max(1, self.sequences)
 
 
 def _minibatch(rows: list[int], mask_BC: torch.Tensor) -> Minibatch:
     sums = [float(mask_BC[i].sum()) for i in rows]
-    return Minibatch(rows, mask_BC, int(sum(sums)), sum(1 for s in sums if s > 0))
+    return Minibatch(rows, mask_BC, sums, int(sum(sums)), sum(1 for s in sums if s > 0))
 
 
 class PolicyTrainer:
@@ -151,8 +159,7 @@ class PolicyTrainer:
         function of the ratio, so a row whose trained tokens all have advantage 0 has a gradient of
         exactly 0. None (every row runs) when the option is off or the loss has a term that does
         not vanish with the advantage: the KL in the loss, the entropy bonus."""
-        kl_in_loss = batch.ref_logp_BC is not None and self.algo.kl_in == "loss" and batch.kl_coef > 0
-        if not self.train.skip_zero_advantage or kl_in_loss or self.algo.entropy_coef > 0:
+        if not self.train.skip_zero_advantage or self._kl_in_loss(batch) or self.algo.entropy_coef > 0:
             return None
         return ((batch.adv_BC != 0) & (mask_BC > 0)).any(dim=1)
 
@@ -165,18 +172,19 @@ class PolicyTrainer:
         moments move on a zero gradient, not on none)."""
         if live_B is None:
             return idx
-        trained = [i for i in idx if float(mask_BC[i].sum()) > 0]
+        trained = [i for i, n in zip(idx, mini.row_tokens) if n > 0]
         run = [i for i in trained if bool(live_B[i])] or trained[:1]
         ran = set(run)
         left = [i for i in trained if i not in ran]
         stats.add_weighted(len(trained), **{"train/skipped_rows": len(left) / len(trained)})
         if left and self.ranks.is_main:  # once: the ranks' stats are merged (each micro-batch is its owner's)
-            if self.algo.loss_agg == "token-mean":
-                share = sum(float(mask_BC[i].sum()) for i in left) / mini.tokens
-            else:
-                share = len(left) / max(1, mini.sequences)
+            share = mini.share(mask_BC[left].sum(1), self.algo.loss_agg == "token-mean")
             stats.add_weighted(share, **{"loss/policy": 0.0})
         return run
+
+    def _kl_in_loss(self, batch: TokenBatch) -> bool:
+        """The loss has the KL term (algo.kl_in=loss, with reference log-probs and a coefficient)."""
+        return batch.ref_logp_BC is not None and self.algo.kl_in == "loss" and batch.kl_coef > 0
 
     def _micro_step(self, mb: MicroBatch, batch: TokenBatch, mini: Minibatch, stats: StatsTracker) -> bool:
         """Forward and backward of one micro-batch; False (and no backward) when its loss is not finite."""
@@ -188,10 +196,7 @@ class PolicyTrainer:
                 (completion_logprobs(self.model, mb, self.temperature)[0].sum() * 0.0).backward()
             return True
         # Each micro-batch carries its share of the minibatch loss (exact for every aggregation).
-        if a.loss_agg == "token-mean":
-            weight = n_mb / mini.tokens
-        else:
-            weight = float((mask_BC.sum(1) > 0).sum()) / max(1, mini.sequences)
+        weight = mini.share(mask_BC.sum(1), a.loss_agg == "token-mean")
         logp_BC, ent_BC = completion_logprobs(self.model, mb, self.temperature, entropy=True, where_BC=mask_BC)
         # None: one optimizer step on fresh tokens, so the old policy is this forward pass's (train/offpolicy.py)
         old_BC = logp_BC.detach() if batch.old_logp_BC is None else batch.rows(batch.old_logp_BC, rows, C, dev)
@@ -221,7 +226,7 @@ class PolicyTrainer:
             stats.add_weighted(n_mb / mini.tokens, **{f"actor/{k}": v})
         if self.correction is not None:  # mismatch/weight_mean, mismatch/masked_frac, mismatch/truncated_frac
             stats.add_weighted(n_mb / mini.tokens, **{f"mismatch/{k}": v for k, v in wstats.items()})
-        if batch.ref_logp_BC is not None and a.kl_in == "loss" and batch.kl_coef > 0:
+        if self._kl_in_loss(batch):
             ref_BC = batch.rows(batch.ref_logp_BC, rows, C, dev)
             kl = kl_loss(logp_BC, ref_BC, mask_BC, kind=a.kl_estimator, agg=a.loss_agg, **self._norm())
             loss = loss + batch.kl_coef * kl
