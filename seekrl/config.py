@@ -90,6 +90,8 @@ class DemoConfig:
     """`seekrl demo --recipe hotpotqa_smollm2`: further unseen questions for the independent check of the final policy."""
     grpo_seeds: list[int] = field(default_factory=lambda: [0])
     """`seekrl demo --recipe hotpotqa_smollm2`: one GRPO run per train.seed from the same SFT checkpoint (DIR/grpo for the first, DIR/grpo_s<seed> for the others), each evaluated on the held-out questions; results.md gives every seed's gain and their mean."""
+    grpo_parallel: Annotated[int, Range(ge=1, text=">= 1 (1: one seed after the other, in the recipe's process)")] = 1
+    """`seekrl demo --recipe hotpotqa_smollm2`: GRPO seeds trained at the same time, then evaluated at the same time, each a child `seekrl train` / `seekrl eval` process with an even share of the cores as torch threads (its output in DIR/<run>.log, DIR/<run>.eval.log; recipes/children.py); the seeds go in groups of N in demo.grpo_seeds order. On the 2-core CPU two seeds at one thread each took 0.71 of the time of the two one after the other at two threads (BENCHMARKS.md, "Several runs on one CPU"). 1: each seed in this process with every core, evaluated before the next starts."""
     check_every: Annotated[int, Range(ge=0, text=">= 0 (0: the check questions only after GRPO)")] = 0
     """`seekrl demo --recipe hotpotqa_smollm2`: the first GRPO seed evaluates the first `curve_questions` check questions at step 0, every N steps and at its last step (the learning curve against steps and minutes); 0: no curve."""
     curve_questions: Annotated[int, Range(ge=1)] = 100

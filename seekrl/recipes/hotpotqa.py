@@ -41,8 +41,10 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            does not draw (the two-answer ones with `demo.grpo_questions=open`) to
            DIR/data/ptx.jsonl: every GRPO update adds their SFT loss (PPO-ptx, train/ptx.py), so
            GRPO on the open questions keeps SFT's behaviour on the others
-7. grpo    GRPO with search from the SFT checkpoint              (seekrl train)
-8. eval    the GRPO model on the held-out questions, then on the check questions (seekrl eval)
+7. grpo    GRPO with search from the SFT checkpoint, one run per `demo.grpo_seeds` (seekrl train)
+8. eval    the GRPO model on the held-out questions, then on the check questions (seekrl eval);
+           with `demo.grpo_parallel` N > 1, N seeds train at once, each a child `seekrl train`
+           with its share of the cores (recipes/children.py), then their evals run at once
 9. report  DIR/results.json, DIR/results.md (EM, F1, searches per question, well-formed episodes,
            answer rate; wall time per stage; the GRPO gain over SFT with a paired-bootstrap 95%
            interval; EM by question type; the questions with two possible answers, yes/no and
@@ -72,6 +74,7 @@ from rich.console import Console
 
 from seekrl.compare import compare_scores
 from seekrl.config import Config, ConfigError, load_config
+from seekrl.recipes.children import Child, core_share, run_at_once, steps_done
 from seekrl.recipes.hotpotqa_scores import (answer_options, em_by_type, eval_answers, paired_bootstrap, question_types,
                                             search_support, two_way_guesses)
 
@@ -246,6 +249,18 @@ def _evaluated(eval_dir: Path, model: str, questions: Path) -> bool:
     return all(w.stat().st_mtime <= result.stat().st_mtime for w in weights)
 
 
+def _at_once(console: Console, timings: dict, timings_path: Path, label: str, children: list[Child]) -> None:
+    """`children` at once, each with its share of the cores (recipes/children.py); their wall time
+    is one stage of stage_seconds.json (`label (at once)`), so the stages still add up to the run's."""
+    threads = core_share(len(children))
+    console.print(f"{len(children)} at once, {threads} torch thread{'s' * (threads > 1)} each: "
+                  + ", ".join(f"{c.name} (log {c.log})" for c in children))
+    start = time.perf_counter()
+    run_at_once(children, threads, console)
+    timings[f"{label} (at once)"] = round(time.perf_counter() - start, 1)
+    timings_path.write_text(json.dumps(timings, indent=2))
+
+
 def _train_seconds(run_dir: Path) -> float:
     """The sum of a training run's step times (metrics.jsonl `time/step_s`): its training time
     across resumes (a stage's wall time counts only its last, uninterrupted attempt)."""
@@ -403,8 +418,11 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     console.print(f"teacher: kept {teacher['kept']} of {teacher['episodes']} episodes "
                   f"({teacher['gold']} gold answers), {teacher['searches_per_episode']:.2f} searches/episode")
 
+    def eval_over(name: str, model: str, questions: str) -> list[str]:
+        return [*paths, *overrides, f"model.path={model}", f"data.eval={files[questions]}", f"log.name={name}"]
+
     def evaluate(name: str, model: str, questions: str) -> dict:
-        ev = [*paths, *overrides, f"model.path={model}", f"data.eval={files[questions]}", f"log.name={name}"]
+        ev = eval_over(name, model, questions)
         stage(f"eval {name}", cmd("eval", config, *ev))
         result = out_dir / name / "eval" / "eval.json"
         if not _evaluated(result.parent, model, files[questions]):
@@ -476,19 +494,42 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         console.print(f"PPO-ptx: {len(held)} teacher episodes at weight {d.ptx_coef:g} in every GRPO update (demo.ptx_coef)")
 
     runs = {}  # GRPO run name -> its seed: one run per demo.grpo_seeds, all from the SFT checkpoint
-    for i, seed in enumerate(d.grpo_seeds):
-        name = "grpo" if i == 0 else f"grpo_s{seed}"
-        curve = i == 0 and d.check_every > 0  # the first seed's learning curve on the check questions
-        rl_over = [*paths, *overrides, f"model.path={sft_model}", f"train.seed={seed}", f"log.name={name}", "train.resume=auto",
-                   f"data.train={grpo_train}", *curriculum_over, *ptx_over,
-                   *([f"data.eval={files['curve']}", f"eval.every={d.check_every}"] if curve else ["data.eval=null"])]
-        rl_cfg = load_config(config, rl_over)
-        rl_model = out_dir / name / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model"
-        stage(f"7. grpo (train.seed={seed})", cmd("train", config, *rl_over))
-        if not (rl_model / "config.json").is_file():
-            timed(name, jobs.train, rl_cfg)
-        evals[name] = evaluate(name, str(rl_model), "heldout")
-        runs[name] = seed
+    seeds = list(enumerate(d.grpo_seeds))
+    for group in (seeds[k:k + d.grpo_parallel] for k in range(0, len(seeds), d.grpo_parallel)):
+        members = []  # (name, config overrides, model folder of the last step, its config) of each seed of this group
+        for i, seed in group:
+            name = "grpo" if i == 0 else f"grpo_s{seed}"
+            curve = i == 0 and d.check_every > 0  # the first seed's learning curve on the check questions
+            rl_over = [*paths, *overrides, f"model.path={sft_model}", f"train.seed={seed}", f"log.name={name}", "train.resume=auto",
+                       f"data.train={grpo_train}", *curriculum_over, *ptx_over,
+                       *([f"data.eval={files['curve']}", f"eval.every={d.check_every}"] if curve else ["data.eval=null"])]
+            rl_cfg = load_config(config, rl_over)
+            members.append((name, rl_over, out_dir / name / "checkpoints" / f"step_{rl_cfg.train.steps}" / "model", rl_cfg))
+            stage(f"7. grpo (train.seed={seed})", cmd("train", config, *rl_over))
+            runs[name] = seed
+        todo = [m for m in members if not (m[2] / "config.json").is_file()]
+        if d.grpo_parallel == 1:  # in this process, with every core; then its eval
+            for name, _, _, rl_cfg in todo:
+                timed(name, jobs.train, rl_cfg)
+            for name, _, model, _ in members:
+                evals[name] = evaluate(name, str(model), "heldout")
+            continue
+        if todo:  # demo.grpo_parallel: the group's seeds at once, each a `seekrl train` with its share of the cores
+            _at_once(console, timings, timings_path, " + ".join(m[0] for m in todo), [
+                Child(name, [sys.executable, "-m", "seekrl.cli", "train", config, *over], out_dir / f"{name}.log",
+                      done=steps_done(out_dir / name), total=c.train.steps) for name, over, _, c in todo])
+        stale = []  # then their evals on the held-out questions, at once too
+        for name, _, model, _ in members:
+            stage(f"eval {name}", cmd("eval", config, *eval_over(name, str(model), "heldout")))
+            if not _evaluated(out_dir / name / "eval", str(model), files["heldout"]):
+                (out_dir / name / "eval" / "eval.json").unlink(missing_ok=True)
+                stale.append((name, str(model)))
+        if stale:
+            _at_once(console, timings, timings_path, "eval " + " + ".join(n for n, _ in stale), [
+                Child(f"eval {name}", [sys.executable, "-m", "seekrl.cli", "eval", config, *eval_over(name, model, "heldout")],
+                      out_dir / f"{name}.eval.log") for name, model in stale])
+        for name, *_ in members:
+            evals[name] = json.loads((out_dir / name / "eval" / "eval.json").read_text())
     first = next(iter(runs))
     if d.check_every > 0:  # the curve's last point is the check of the final policy
         evals["check"] = check_from_curve(out_dir / first)

@@ -53,7 +53,7 @@ def test_grpo_raises_reward(tmp_path):
     # the two evals run side by side (each is mostly a process start on one core)
     config = tmp_path / "grpo.yaml"
     config.write_text((run / "config.yaml").read_text())
-    common = ["data.eval=tiny:copy:test", "data.max_eval=32", f"log.dir={tmp_path}"]
+    common = ["data.eval=tiny:copy:test", "data.max_eval=128", f"log.dir={tmp_path}"]
     trained, random_ = _clis(
         ["eval", str(config), f"model.path={run / 'checkpoints' / 'step_130' / 'model'}", *common],
         ["eval", str(config), "model.path=tiny", *common, "log.name=random"],
@@ -62,7 +62,10 @@ def test_grpo_raises_reward(tmp_path):
     assert random_.returncode == 0, random_.stderr
     scores = json.loads((run / "eval" / "eval.json").read_text())
     baseline = json.loads((tmp_path / "random" / "eval" / "eval.json").read_text())
-    assert scores["eval/qa_f1"] > baseline["eval/qa_f1"] + 0.3, (scores, baseline)
+    # greedy eval F1 on 128 test questions, measured over train.seed 0-3 (2026-12-02): 0.364, 0.234, 0.155, 0.360
+    # against 0.0 for the random model; the run is not bit-reproducible under load (docs/ARCHITECTURE.md, seeding
+    # contract), so the margin is set below the lowest seed's, not at seed 0's
+    assert scores["eval/qa_f1"] > baseline["eval/qa_f1"] + 0.1, (scores, baseline)
     assert (run / "config.yaml").read_text() == config.read_text()  # eval wrote to eval/, not over the run
 
 

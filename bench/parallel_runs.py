@@ -1,0 +1,100 @@
+"""Several training runs on one CPU: one after the other with every core, or at the same time with a share each.
+
+    python bench/parallel_runs.py --runs 2 --steps 1 DIR/grpo/config.yaml OVERRIDES...
+
+The same `seekrl train CONFIG OVERRIDES` with `train.seed=0 .. runs-1` (one run folder each under
+`--out`, `train.max_steps_this_run=--steps`), in two arms, measured in one invocation:
+
+- `one after the other`: each run alone with `--threads` torch threads (default: every core);
+- `at the same time`: every run at once, each with `--threads / --runs` threads (at least 1).
+
+Both arms do the same work (the same seeds fix the same draws; the sampled tokens are reported
+so a difference in the rollouts shows). Per arm: the wall time, and for each run its step time,
+rollout time and sampled tokens from its metrics.jsonl. Every child is stopped on failure or
+Ctrl-C; a run that passes `--timeout` seconds is killed and reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _start(config: str, overrides: list[str], out: Path, name: str, seed: int, steps: int, threads: int) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "seekrl.cli", "train", config, *overrides, f"log.dir={out}", f"log.name={name}",
+            f"train.seed={seed}", f"train.max_steps_this_run={steps}", "log.progress=false"]
+    with (out / f"{name}.log").open("w") as log:
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=out, start_new_session=True)
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float, out: Path) -> None:
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    bad = [p for p in procs if p.returncode != 0]
+    if bad:
+        raise SystemExit(f"a run failed (exit {bad[0].returncode}): see its .log file in {out}")
+
+
+def _steps(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in rows if r.get("step", 0) > 0 and "time/step_s" in r]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--out", default="runs/bench/parallel_runs")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds each arm may take")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    config = str(Path(args.config).resolve())
+    share = max(1, args.threads // args.runs)
+    arms = {}
+    for arm in ("one after the other", "at the same time"):
+        tag = "seq" if arm.startswith("one") else "par"
+        names = [f"{tag}_s{k}" for k in range(args.runs)]
+        start = time.perf_counter()
+        if tag == "seq":
+            for k, name in enumerate(names):
+                _wait([_start(config, args.overrides, out, name, k, args.steps, args.threads)], args.timeout, out)
+        else:
+            _wait([_start(config, args.overrides, out, name, k, args.steps, share) for k, name in enumerate(names)], args.timeout, out)
+        wall = time.perf_counter() - start
+        runs = {name: _steps(out / name) for name in names}
+        arms[arm] = {"threads": args.threads if tag == "seq" else share, "wall_s": round(wall, 1), "runs": {
+            name: {"step_s": round(sum(r["time/step_s"] for r in rows), 1), "rollout_s": round(sum(r["time/rollout_s"] for r in rows), 1),
+                   "sampled_tokens": int(sum(r["tokens/sampled"] for r in rows)), "steps": len(rows)} for name, rows in runs.items()}}
+        print(json.dumps({arm: arms[arm]}), flush=True)
+    seq, par = arms["one after the other"]["wall_s"], arms["at the same time"]["wall_s"]
+    print(f"| arm | torch threads a run | wall s | per run: step s (rollout s, sampled tokens) |\n|---|---|---|---|")
+    for arm, a in arms.items():
+        per = "; ".join(f"{v['step_s']} ({v['rollout_s']}, {v['sampled_tokens']})" for v in a["runs"].values())
+        print(f"| {arm} | {a['threads']} | {a['wall_s']} | {per} |")
+    print(f"at the same time / one after the other: {par / seq:.2f} of the wall time")
+    (out / "result.json").write_text(json.dumps(arms, indent=2))
+
+
+if __name__ == "__main__":
+    main()

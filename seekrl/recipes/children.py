@@ -1,0 +1,131 @@
+"""Commands of a recipe run at the same time, each in its own process with a share of the cores.
+
+On a small CPU a training run of SmolLM2 does not use its second core well (the engine's decode
+steps are bound by per-layer dispatch and small matmuls), so two GRPO seeds at one torch thread
+each finished in 0.71 of the time of the two one after the other with both (BENCHMARKS.md,
+"Several runs on one CPU").
+`run_at_once` starts each command in a new session (a Ctrl-C of the recipe reaches it only
+through this module), with `OMP_NUM_THREADS` set to its share and its output in its own log file,
+shows each one's progress, and waits for all of them. When one fails, when one passes the
+timeout, or on Ctrl-C, the others are stopped too (SIGTERM to the process group: `seekrl train`
+then stops as on a kill and resumes from its last checkpoint; SIGKILL after a grace period), and
+the error names the command, its exit code and its log's last line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+__all__ = ["Child", "ChildFailed", "core_share", "run_at_once", "steps_done"]
+
+
+@dataclass
+class Child:
+    name: str
+    """What the progress and the errors call it (a run folder's name)."""
+    argv: list[str]
+    """The whole command line (e.g. [sys.executable, "-m", "seekrl.cli", "train", ...])."""
+    log: Path
+    """Where its stdout and stderr go (overwritten)."""
+    done: Callable[[], int] | None = None
+    """Units of work done so far (e.g. the steps in its metrics.jsonl), polled for the progress bar."""
+    total: int | None = None
+    """Units of work in all (the bar's end); None: no bar, only the elapsed time."""
+
+
+class ChildFailed(RuntimeError):
+    """A child exited with a nonzero code or passed the timeout; the others were stopped."""
+
+
+def core_share(n: int) -> int:
+    """Torch threads for each of `n` processes run at once: the cores this process may use, split
+    evenly (at least 1)."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, n))
+
+
+def steps_done(run_dir: Path) -> Callable[[], int]:
+    """A `Child.done` for a training run: the last step its metrics.jsonl has logged (0 before the first)."""
+
+    def done() -> int:
+        path = run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return 0
+        return max((json.loads(x).get("step", 0) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()), default=0)
+
+    return done
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1].strip()[:300] if lines else "empty log"
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)  # the group: whatever the child started too
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
+
+
+def run_at_once(children: list[Child], threads: int, console: Console | None = None, timeout_s: float | None = None,
+                grace_s: float = 60.0, poll_s: float = 2.0) -> dict[str, float]:
+    """Run every child at once with `threads` torch threads each; returns each one's wall seconds.
+    Raises ChildFailed when one fails or passes `timeout_s` (the others stopped first)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    start = time.monotonic()
+    procs: list[subprocess.Popen] = []
+    ended: dict[str, float] = {}
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console or Console(stderr=True), transient=False)
+    try:
+        for c in children:
+            c.log.parent.mkdir(parents=True, exist_ok=True)
+            with c.log.open("w") as log:
+                procs.append(subprocess.Popen(c.argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
+        with progress:
+            bars = [progress.add_task(c.name, total=c.total) for c in children]
+            while len(ended) < len(children):
+                for c, p, bar in zip(children, procs, bars):
+                    if c.name in ended:
+                        continue
+                    if c.done is not None:
+                        with contextlib.suppress(OSError, ValueError):
+                            progress.update(bar, completed=c.done())
+                    code = p.poll()
+                    if code is None:
+                        continue
+                    if code != 0:
+                        raise ChildFailed(f"{c.name} exited with code {code}: {_last_line(c.log)} (log: {c.log})")
+                    ended[c.name] = round(time.monotonic() - start, 1)
+                    progress.update(bar, completed=c.total)
+                if timeout_s is not None and time.monotonic() - start > timeout_s and len(ended) < len(children):
+                    late = next(c for c in children if c.name not in ended)
+                    raise ChildFailed(f"{late.name} did not finish within {timeout_s:g} s: {_last_line(late.log)} (log: {late.log})")
+                time.sleep(poll_s if len(ended) < len(children) else 0)
+    finally:
+        _stop(procs, grace_s)
+    return ended

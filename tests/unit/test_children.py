@@ -1,0 +1,101 @@
+"""recipes/children.py: commands run at once with a share of the cores each; a failure, a timeout
+or Ctrl-C stops every one of them, the processes they started too."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from seekrl.recipes.children import Child, ChildFailed, core_share, run_at_once, steps_done
+
+STAMPS = """
+import os, sys, time
+open(sys.argv[1] + '.start', 'w').write(repr(time.time()))
+print('threads', os.environ['OMP_NUM_THREADS'], os.environ['MKL_NUM_THREADS'], flush=True)
+time.sleep(float(sys.argv[2]))
+open(sys.argv[1] + '.end', 'w').write(repr(time.time()))
+print('done', flush=True)
+"""
+
+
+def _child(tmp_path, name, code, *args):
+    return Child(name, [sys.executable, "-c", code, str(tmp_path / name), *map(str, args)], tmp_path / f"{name}.log")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) counts as stopped
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_children_run_at_once_with_their_share_of_threads(tmp_path):
+    kids = [_child(tmp_path, n, STAMPS, 1.5) for n in ("a", "b")]
+    ended = run_at_once(kids, threads=3, poll_s=0.05)
+    assert set(ended) == {"a", "b"}
+    start = {n: float((tmp_path / f"{n}.start").read_text()) for n in "ab"}
+    end = {n: float((tmp_path / f"{n}.end").read_text()) for n in "ab"}
+    assert max(start.values()) < min(end.values())  # each had started before either ended: at the same time
+    for n in "ab":
+        assert (tmp_path / f"{n}.log").read_text().splitlines() == ["threads 3 3", "done"]
+
+
+def test_a_failing_child_stops_the_others_and_what_they_started(tmp_path):
+    sleeper = ("import subprocess, sys, time\n"
+               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+               "open(sys.argv[1] + '.pids', 'w').write(f'{p.pid}')\n"
+               "print('waiting', flush=True); time.sleep(120)\n")
+    failing = "import sys, time; time.sleep(1.0); print('loading'); print('boom: no such file', flush=True); sys.exit(3)"
+    kids = [_child(tmp_path, "slow", sleeper), _child(tmp_path, "bad", failing)]
+    start = time.monotonic()
+    with pytest.raises(ChildFailed, match=r"^bad exited with code 3: boom: no such file \(log: .*bad\.log\)$"):
+        run_at_once(kids, threads=1, poll_s=0.05, grace_s=5)
+    assert time.monotonic() - start < 60  # not the sleeper's 120 s
+    grandchild = int((tmp_path / "slow.pids").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(grandchild)  # SIGTERM reached the sleeper's whole process group
+
+
+def test_a_child_past_the_timeout_is_stopped(tmp_path):
+    kids = [_child(tmp_path, "quick", STAMPS, 0.1), _child(tmp_path, "stuck", STAMPS, 120)]
+    with pytest.raises(ChildFailed, match=r"^stuck did not finish within 2 s: threads 1 1 \(log: "):
+        run_at_once(kids, threads=1, timeout_s=2, poll_s=0.05, grace_s=5)
+    assert (tmp_path / "quick.end").is_file() and not (tmp_path / "stuck.end").exists()
+
+
+def test_progress_reads_each_childs_work(tmp_path):
+    """`done` is polled while the child runs; a child that ends is shown complete."""
+    seen = []
+    counter = tmp_path / "count"
+    counter.write_text("0")
+
+    def done() -> int:
+        seen.append(int(counter.read_text() or 0))
+        return seen[-1]
+
+    code = "import sys, time\nfor i in range(1, 4):\n    time.sleep(0.3); open(sys.argv[2], 'w').write(str(i))\n"
+    kid = Child("steps", [sys.executable, "-c", code, "x", str(counter)], tmp_path / "steps.log", done=done, total=3)
+    run_at_once([kid], threads=1, poll_s=0.05)
+    assert seen[0] == 0 and max(seen) >= 2 and seen == sorted(seen)
+
+
+def test_core_share_splits_the_cores_evenly():
+    cores = len(os.sched_getaffinity(0))
+    assert core_share(1) == cores and core_share(cores) == 1 and core_share(4 * cores) == 1
+    assert core_share(2) == max(1, cores // 2)
+
+
+def test_steps_done_reads_a_training_runs_last_logged_step(tmp_path):
+    done = steps_done(tmp_path / "run")
+    assert done() == 0  # before the run folder exists
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 0, "eval/em": 0.1}\n{"step": 1}\n{"step": 2}\n\n')
+    assert done() == 2
