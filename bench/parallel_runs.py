@@ -11,7 +11,8 @@ The same `seekrl train CONFIG OVERRIDES` with `train.seed=0 .. runs-1` (one run 
 Both arms do the same work (the same seeds fix the same draws; the sampled tokens are reported
 so a difference in the rollouts shows). Per arm: the wall time, and for each run its step time,
 rollout time and sampled tokens from its metrics.jsonl. Every child is stopped on failure or
-Ctrl-C; a run that passes `--timeout` seconds is killed and reported.
+Ctrl-C (recipes/children.py `run_at_once`); a run that passes `--timeout` seconds is stopped
+and reported.
 """
 
 from __future__ import annotations
@@ -20,35 +21,20 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from seekrl.recipes.children import Child, run_at_once, steps_done  # noqa: E402 (after the path)
 
 
-def _start(config: str, overrides: list[str], out: Path, name: str, seed: int, steps: int, threads: int) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+def _child(config: str, overrides: list[str], out: Path, name: str, seed: int, steps: int) -> Child:
     argv = [sys.executable, "-m", "seekrl.cli", "train", config, *overrides, f"log.dir={out}", f"log.name={name}",
             f"train.seed={seed}", f"train.max_steps_this_run={steps}", "log.progress=false"]
-    with (out / f"{name}.log").open("w") as log:
-        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=out, start_new_session=True)
-
-
-def _wait(procs: list[subprocess.Popen], timeout: float, out: Path) -> None:
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-    bad = [p for p in procs if p.returncode != 0]
-    if bad:
-        raise SystemExit(f"a run failed (exit {bad[0].returncode}): see its .log file in {out}")
+    return Child(name, argv, out / f"{name}.log", done=steps_done(out / name), total=steps)
 
 
 def _steps(run: Path) -> list[dict]:
@@ -76,11 +62,12 @@ def main() -> None:
         tag = "seq" if arm.startswith("one") else "par"
         names = [f"{tag}_s{k}" for k in range(args.runs)]
         start = time.perf_counter()
-        if tag == "seq":
-            for k, name in enumerate(names):
-                _wait([_start(config, args.overrides, out, name, k, args.steps, args.threads)], args.timeout, out)
+        kids = [_child(config, args.overrides, out, name, k, args.steps) for k, name in enumerate(names)]
+        if tag == "seq":  # recipes/children.py, as demo.grpo_parallel runs them: one at a time, then all at once
+            for kid in kids:
+                run_at_once([kid], args.threads, timeout_s=args.timeout)
         else:
-            _wait([_start(config, args.overrides, out, name, k, args.steps, share) for k, name in enumerate(names)], args.timeout, out)
+            run_at_once(kids, share, timeout_s=args.timeout)
         wall = time.perf_counter() - start
         runs = {name: _steps(out / name) for name in names}
         arms[arm] = {"threads": args.threads if tag == "seq" else share, "wall_s": round(wall, 1), "runs": {

@@ -15,7 +15,6 @@ the error names the command, its exit code and its log's last line.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -57,11 +56,10 @@ def core_share(n: int) -> int:
 def steps_done(run_dir: Path) -> Callable[[], int]:
     """A `Child.done` for a training run: the last step its metrics.jsonl has logged (0 before the first)."""
 
+    from seekrl.observe.loggers import read_metrics
+
     def done() -> int:
-        path = run_dir / "metrics.jsonl"
-        if not path.is_file():
-            return 0
-        return max((json.loads(x).get("step", 0) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()), default=0)
+        return max((r.get("step", 0) for r in read_metrics(run_dir)), default=0)
 
     return done
 
