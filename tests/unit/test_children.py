@@ -81,7 +81,9 @@ def test_progress_reads_each_childs_work(tmp_path):
         seen.append(int(counter.read_text() or 0))
         return seen[-1]
 
-    code = "import sys, time\nfor i in range(1, 4):\n    time.sleep(0.3); open(sys.argv[2], 'w').write(str(i))\n"
+    # each count replaces the file whole: a read between a truncate and its write would see "" (0)
+    code = ("import os, sys, time\nfor i in range(1, 4):\n    time.sleep(0.3); open(sys.argv[2] + '.t', 'w').write(str(i))"
+            "\n    os.replace(sys.argv[2] + '.t', sys.argv[2])\n")
     kid = Child("steps", [sys.executable, "-c", code, "x", str(counter)], tmp_path / "steps.log", done=done, total=3)
     run_at_once([kid], threads=1, poll_s=0.05)
     assert seen[0] == 0 and max(seen) >= 2 and seen == sorted(seen)
