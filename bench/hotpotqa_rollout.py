@@ -6,6 +6,7 @@ engine.server_kind=vllm`, its prefix caching on; `make vllm` first), side by sid
     python bench/hotpotqa_rollout.py --model runs/hotpotqa/sft/checkpoints/step_30/model --recipe-dir runs/hotpotqa
     python bench/hotpotqa_rollout.py ... --questions 8 --group 8 --arms 0,40000 --threads 2
     python bench/hotpotqa_rollout.py ... --arms 40000,vllm      # the in-process engine against vLLM
+    python bench/hotpotqa_rollout.py ... --arms 40000@bfloat16,vllm@bfloat16   # both engines in bf16
     python bench/hotpotqa_rollout.py ... --arms 40000,40000@bfloat16 --questions 16 --group 1 --branches 8
                                       # the engine on a bf16 copy (engine.dtype), GRPO's rollout with answer branches
 
@@ -20,8 +21,9 @@ does instead: temperature 0, at most one engine batch of episodes in flight (bui
 e.g. `--questions 100 --group 1 --greedy`; `--branches K` samples GRPO's rollout with answer
 branches (rollout.answer_branches, at `--branch-temperature`). An arm `N@bfloat16` is the
 in-process engine on a bfloat16 copy of the weights (engine.dtype; its FLOP rate is still taken
-against the fp32 peak). The fp32 in-process arms' tokens agree (the reuse is exact
-to float rounding), so their work differs only by the prefill the store saves. The vLLM arm
+against the fp32 peak), `vllm@bfloat16` the vLLM server started with `--dtype bfloat16`. The
+fp32 in-process arms' tokens agree (the reuse is exact to float rounding), so their work differs
+only by the prefill the store saves. The vLLM arm
 samples other tokens (its own sampler and kernels); its time includes nothing of the server's
 start-up, and its prefilled tokens are unknown (prefix caching happens inside the server), so its
 FLOP rate counts the sampled tokens only: a lower bound.
@@ -52,11 +54,11 @@ def arm(args, name: str) -> dict:
     from seekrl.evaluate import evaluate
 
     d = Path(args.recipe_dir)
-    vllm = name == "vllm"
-    reuse, _, dtype = name.partition("@")  # "40000@bfloat16": the in-process engine on a bf16 copy (engine.dtype)
+    reuse, _, dtype = name.partition("@")  # "40000@bfloat16" / "vllm@bfloat16": the engine in bf16 (engine.dtype)
+    vllm = reuse == "vllm"
     cfg = load_config(str(ROOT / "examples" / "hotpotqa_smollm2_recipe.yaml"), [
         f"model.path={args.model}", f"data.eval={d / 'data' / 'train.jsonl'}", f"data.max_eval={args.questions}",
-        f"tools.retriever={d / 'index'}", f"log.dir={args.out_dir}", f"log.name={'vllm' if vllm else 'reuse' + name.replace('@', '_')}",
+        f"tools.retriever={d / 'index'}", f"log.dir={args.out_dir}", f"log.name={name.replace('@', '_') if vllm else 'reuse' + name.replace('@', '_')}",
         "log.progress=false", f"rollout.reuse_kv_tokens={0 if vllm else int(reuse)}", "model.freeze_layers=0",
         "train.mixed_precision=fp32", *(VLLM if vllm else []), *([f"engine.dtype={dtype}"] if dtype else []),
         *([f"rollout.answer_branches={args.branches}", f"rollout.branch_temperature={args.branch_temperature}",
@@ -103,7 +105,7 @@ def main() -> None:
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--arms", default="0,40000", help="comma-separated rollout.reuse_kv_tokens values of the in-process "
-                   "engine, and `vllm` for a vLLM engine server")
+                   "engine, `vllm` for a vLLM engine server; `@bfloat16` after either: that engine in bf16")
     p.add_argument("--greedy", action="store_true", help="as seekrl eval samples: greedy, one engine batch in flight")
     p.add_argument("--branches", type=int, default=1, help="rollout.answer_branches of GRPO's rollout (1: none)")
     p.add_argument("--branch-temperature", type=float, default=1.0, help="rollout.branch_temperature with --branches > 1")
@@ -124,10 +126,11 @@ def main() -> None:
     for r in rows:
         rate = r["flops"] / r["wall_s"]
         r["share_of_peak"] = rate / peak
-        label = "vLLM server (sampled tokens only)" if r["arm"] == "vllm" else f"in-process ({r['arm'].replace('@', ', engine.dtype=')})"
+        engine = "vLLM server" if r["arm"].startswith("vllm") else "in-process"
+        label = f"{engine} ({r['arm'].replace('@', ', engine.dtype=')})" + (" (sampled tokens only)" if engine == "vLLM server" else "")
         print(f"| {label} | {r['wall_s']:.1f} | {r['episodes_per_min']:.1f} | {r['sampled_tok_per_s']:.1f} | "
               f"{_n(r['prefill_tokens'])} | {_n(r['reused_tokens'])} | {rate / 1e9:.1f} ({100 * r['share_of_peak']:.1f}%) | {r['em']:.3f} |")
-    local = [r for r in rows if r["arm"] != "vllm" and "@" not in r["arm"]]  # a bf16 engine samples other tokens
+    local = [r for r in rows if not r["arm"].startswith("vllm") and "@" not in r["arm"]]  # a bf16 engine samples other tokens
     same = len({r["tokens_digest"] for r in local}) <= 1
     if len(local) > 1:
         print(f"same sampled tokens in every in-process arm: {same}")
