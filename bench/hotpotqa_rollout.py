@@ -58,7 +58,7 @@ def arm(args, name: str) -> dict:
     vllm = reuse == "vllm"
     cfg = load_config(str(ROOT / "examples" / "hotpotqa_smollm2_recipe.yaml"), [
         f"model.path={args.model}", f"data.eval={d / 'data' / 'train.jsonl'}", f"data.max_eval={args.questions}",
-        f"tools.retriever={d / 'index'}", f"log.dir={args.out_dir}", f"log.name={name.replace('@', '_') if vllm else 'reuse' + name.replace('@', '_')}",
+        f"tools.retriever={d / 'index'}", f"log.dir={args.out_dir}", f"log.name={'' if vllm else 'reuse'}{name.replace('@', '_')}",
         "log.progress=false", f"rollout.reuse_kv_tokens={0 if vllm else int(reuse)}", "model.freeze_layers=0",
         "train.mixed_precision=fp32", *(VLLM if vllm else []), *([f"engine.dtype={dtype}"] if dtype else []),
         *([f"rollout.answer_branches={args.branches}", f"rollout.branch_temperature={args.branch_temperature}",
@@ -78,7 +78,7 @@ def arm(args, name: str) -> dict:
     n_params = _n_params(args.model)
     sampled = sum(t.num_sampled for t in trajs) if vllm else stats["tokens"]
     prefilled = stats.get("prefill_tokens")
-    return {"arm": name, "episodes": len(trajs), "wall_s": wall, "episodes_per_min": 60 * len(trajs) / wall,
+    return {"arm": name, "vllm": vllm, "episodes": len(trajs), "wall_s": wall, "episodes_per_min": 60 * len(trajs) / wall,
             "sampled_tokens": sampled, "prefill_tokens": prefilled, "reused_tokens": stats.get("reused_tokens"),
             "sampled_tok_per_s": sampled / wall, "flops": 2 * n_params * (sampled + (prefilled or 0)), "em": metrics.get("eval/em"),
             "tokens_digest": hash(tuple(tuple(t.completion_ids) for t in trajs))}
@@ -126,11 +126,11 @@ def main() -> None:
     for r in rows:
         rate = r["flops"] / r["wall_s"]
         r["share_of_peak"] = rate / peak
-        engine = "vLLM server" if r["arm"].startswith("vllm") else "in-process"
-        label = f"{engine} ({r['arm'].replace('@', ', engine.dtype=')})" + (" (sampled tokens only)" if engine == "vLLM server" else "")
+        label = (f"vLLM server ({r['arm'].replace('@', ', engine.dtype=')}; sampled tokens only)" if r["vllm"]
+                 else f"in-process ({r['arm'].replace('@', ', engine.dtype=')})")
         print(f"| {label} | {r['wall_s']:.1f} | {r['episodes_per_min']:.1f} | {r['sampled_tok_per_s']:.1f} | "
               f"{_n(r['prefill_tokens'])} | {_n(r['reused_tokens'])} | {rate / 1e9:.1f} ({100 * r['share_of_peak']:.1f}%) | {r['em']:.3f} |")
-    local = [r for r in rows if not r["arm"].startswith("vllm") and "@" not in r["arm"]]  # a bf16 engine samples other tokens
+    local = [r for r in rows if not r["vllm"] and "@" not in r["arm"]]  # a bf16 engine samples other tokens
     same = len({r["tokens_digest"] for r in local}) <= 1
     if len(local) > 1:
         print(f"same sampled tokens in every in-process arm: {same}")

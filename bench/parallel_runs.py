@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from seekrl.recipes.children import Child, run_at_once, steps_done  # noqa: E402 (after the path)
+from seekrl.observe.loggers import read_metrics  # noqa: E402
 
 
 def _child(config: str, overrides: list[str], out: Path, name: str, seed: int, steps: int) -> Child:
@@ -38,8 +39,7 @@ def _child(config: str, overrides: list[str], out: Path, name: str, seed: int, s
 
 
 def _steps(run: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [r for r in rows if r.get("step", 0) > 0 and "time/step_s" in r]
+    return [r for r in read_metrics(run) if r.get("step", 0) > 0 and "time/step_s" in r]
 
 
 def main() -> None:
