@@ -51,7 +51,7 @@ from seekrl.train.batching import FORWARD_METHODS
 from seekrl.train.compute import set_autocast, trainer_precision
 from seekrl.train.packing import can_pack
 from seekrl.train.policy import CriticTrainer, PolicyTrainer
-from seekrl.train.ptx import PtxAnchor
+from seekrl.train.ptx import PtxAnchor, last_turn
 from seekrl.train.rl import RLRun
 from seekrl.train.sft import SFTRun, load_sft_rows, tiny_texts, tokenize_examples
 from seekrl.train.teacher import LocalTeacher, RemoteTeacher, Teacher, teacher_folder, teacher_plan, tokenizer_problem
@@ -305,6 +305,8 @@ def ptx_anchor(cfg: Config, rows: list, model, tokenizer) -> PtxAnchor:
     dropped and counted), drawn data.ptx_batch at a time, in micro-batches of train.micro_batch_tokens."""
     t = cfg.train
     examples = tokenize_examples(tokenizer, rows, cfg.model.max_context, "data.ptx")
+    if cfg.data.ptx_tokens == "last":  # only each example's last assistant turn: an episode's answer, not its searches
+        examples = [(ids, last_turn(mask)) for ids, mask in examples]
     return PtxAnchor(examples, coef=cfg.algo.ptx_coef, batch=cfg.data.ptx_batch, seed=t.seed, budget=t.micro_batch_tokens,
                      pad_id=tokenizer.pad_token_id, device=next(model.parameters()).device,
                      pack=t.packing and can_pack(unwrap_peft(model)))

@@ -16,6 +16,10 @@ the number drawn so far is the anchor's whole state (the RL checkpoint keeps it)
 draws what the uninterrupted one would have. With several trainer ranks every rank scores the same
 examples (the gradient is then the same on each, and their average is it).
 
+With `data.ptx_tokens=last` only each example's last assistant turn is trained (`last_turn`): an
+agent episode's answer, not the searches before it, so the anchor holds the answer's form (a yes/no
+answer to a yes/no question) and leaves the searching to RL.
+
 Metrics: `loss/ptx` (the examples' token-mean cross-entropy), `ptx/tokens` (trained tokens a step).
 """
 
@@ -29,7 +33,18 @@ import torch
 from seekrl.observe.stats import StatsTracker
 from seekrl.train.sft import step_loss
 
-__all__ = ["PtxAnchor"]
+__all__ = ["PtxAnchor", "last_turn"]
+
+
+def last_turn(labels_mask: list[int]) -> list[int]:
+    """`labels_mask` with only its last run of trained tokens kept: the last assistant turn (the
+    tokens between turns, a tool's output or the chat template's, are untrained, so each turn is
+    one run)."""
+    end = max((i + 1 for i, m in enumerate(labels_mask) if m), default=0)
+    start = end
+    while start > 0 and labels_mask[start - 1]:
+        start -= 1
+    return [int(start <= i < end) for i in range(len(labels_mask))]
 
 
 class PtxAnchor:

@@ -7,6 +7,8 @@
   weights as they were without ptx, and moves them with it;
 - an RL run with ptx learns the supervised examples (loss/ptx falls), logs documented metrics, and
   a run cut at step 7 and resumed ends with the uninterrupted run's metrics (the draw resumes);
+- data.ptx_tokens=last trains only each example's last assistant turn (an episode's answer, not its
+  searches or the tool output between them);
 - config errors: algo.ptx_coef without data.ptx, data.ptx without a weight; a malformed row names
   its file and line.
 """
@@ -26,8 +28,8 @@ from seekrl.observe.loggers import read_metrics
 from seekrl.observe.metrics import reproducible, undocumented
 from seekrl.observe.stats import StatsTracker
 from seekrl.train.batch import TokenBatch
-from seekrl.train.ptx import PtxAnchor
-from seekrl.train.sft import step_loss, tokenize_chat
+from seekrl.train.ptx import PtxAnchor, last_turn
+from seekrl.train.sft import step_loss, tokenize_chat, tokenize_segments
 
 
 def _examples(tokenizer, n):
@@ -160,3 +162,31 @@ def test_malformed_ptx_row_names_file_and_line(tmp_path):
     path.write_text(_ptx_file(tmp_path, 3).read_text() + json.dumps({"prompt": "copy: 1"}) + "\n")
     with pytest.raises(DataError, match=rf"{path}:4: row has no 'completion' field"):
         train(cfg(tmp_path, "bad", f"data.ptx={path}"))
+
+
+def test_last_turn_keeps_the_last_run_of_trained_tokens():
+    assert last_turn([0, 1, 1, 0, 0, 1, 1, 1, 0]) == [0, 0, 0, 0, 0, 1, 1, 1, 0]
+    assert last_turn([0, 0, 1, 1]) == [0, 0, 1, 1]
+    assert last_turn([1, 1, 1]) == [1, 1, 1]
+    assert last_turn([0, 0]) == [0, 0]
+
+
+def test_ptx_tokens_last_trains_only_the_episodes_answer(tmp_path, tiny_tokenizer, tiny_model):
+    from seekrl.build import ptx_anchor
+
+    prompt = [{"role": "user", "content": "copy: 3 4"}]
+    segments = [{"text": "<search> 3 </search>", "masked": False}, {"text": "<information> 3 4 </information>", "masked": True},
+                {"text": "<search> 4 </search>", "masked": False}, {"text": "<information> 4 </information>", "masked": True},
+                {"text": "<answer> 3 4 </answer>", "masked": False}]
+    row = {"prompt": prompt, "segments": segments}
+    ids, full = tokenize_segments(tiny_tokenizer, prompt, segments)
+    answer = len(tiny_tokenizer.encode(segments[-1]["text"], add_special_tokens=False))
+    got = {}
+    for tokens in ("all", "last"):
+        c = load_config(None, ["model.path=tiny", "model.max_context=512", "rollout.max_prompt_tokens=32",
+                               "rollout.max_new_tokens=8", "data.ptx=x.jsonl", "algo.ptx_coef=0.5",
+                               f"data.ptx_tokens={tokens}"])
+        (got_ids, got[tokens]), = ptx_anchor(c, [row], tiny_model, tiny_tokenizer).examples
+        assert got_ids == ids
+    assert got["all"] == full and sum(full) > answer  # the searches train too
+    assert got["last"] == [0] * (len(ids) - answer) + [1] * answer  # only the answer's tokens
