@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,3 +37,22 @@ def add_arm_arguments(p) -> None:
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per arm")
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("overrides", nargs="*", help="section.key=value, for both arms")
+
+
+def add_run_arguments(p, out: str) -> None:
+    """The options of a bench of whole `seekrl train` runs as child processes (bench/parallel_runs.py,
+    bench/grpo_engines.py): the config and its overrides, the torch threads, the output folder and
+    each arm's timeout."""
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--out", default=out)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds each arm may take")
+
+
+def fresh_out(args) -> tuple[Path, str]:
+    """(--out, emptied and made; the config's absolute path): where the arms' run folders go."""
+    out = Path(args.out).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return out, str(Path(args.config).resolve())

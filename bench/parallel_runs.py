@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from child_arm import add_run_arguments, fresh_out  # noqa: E402
 from seekrl.recipes.children import Child, run_at_once, steps_done  # noqa: E402 (after the path)
 from seekrl.observe.loggers import read_metrics  # noqa: E402
 
@@ -44,18 +43,11 @@ def _steps(run: Path) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("config")
-    ap.add_argument("overrides", nargs="*")
+    add_run_arguments(ap, "runs/bench/parallel_runs")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--out", default="runs/bench/parallel_runs")
-    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds each arm may take")
     args = ap.parse_args()
-    out = Path(args.out).resolve()
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    config = str(Path(args.config).resolve())
+    out, config = fresh_out(args)
     share = max(1, args.threads // args.runs)
     arms = {}
     for arm in ("one after the other", "at the same time"):

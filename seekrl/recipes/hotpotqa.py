@@ -41,7 +41,9 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            does not draw (the two-answer ones with `demo.grpo_questions=open`) to
            DIR/data/ptx.jsonl: every GRPO update adds their SFT loss (PPO-ptx, train/ptx.py), so
            GRPO on the open questions keeps SFT's behaviour on the others
-7. grpo    GRPO with search from the SFT checkpoint, one run per `demo.grpo_seeds` (seekrl train)
+7. grpo    GRPO with search from the SFT checkpoint, one run per `demo.grpo_seeds` (seekrl train);
+           with `demo.grpo_engine=vllm` each run samples on a vLLM server it starts and stops
+           (`grpo_engine_overrides`), while every eval samples in-process
 8. eval    the GRPO model on the held-out questions, then on the check questions (seekrl eval);
            with `demo.grpo_parallel` N > 1, N seeds train at once, each a child `seekrl train`
            with its share of the cores (recipes/children.py), then their evals run at once
@@ -58,7 +60,8 @@ trained stage resumes from its last checkpoint, and the evals after it run again
 
 Every run folder (DIR/sft, DIR/grpo) holds its resolved config.yaml, and
 `seekrl eval DIR/grpo/config.yaml model.path=DIR/grpo/checkpoints/step_N/model data.eval=FILE`
-evaluates any HotpotQA-schema file with the stage's tools and format.
+evaluates any HotpotQA-schema file with the stage's tools and format (with demo.grpo_engine=vllm
+DIR/grpo's config samples on a vLLM server: DIR/sft/config.yaml evaluates in-process, as the recipe).
 """
 
 from __future__ import annotations
@@ -75,10 +78,11 @@ from rich.console import Console
 from seekrl.compare import compare_scores
 from seekrl.config import Config, ConfigError, load_config
 from seekrl.recipes.children import Child, core_share, run_at_once, steps_done
+from seekrl.recipes.hotpotqa_results import results_markdown, support_rows, two_way_rows, type_rows
 from seekrl.recipes.hotpotqa_scores import (answer_options, em_by_type, eval_answers, paired_bootstrap, question_types,
                                             search_support, two_way_guesses)
 
-__all__ = ["run", "check_config", "hotpotqa_split", "sft_share_split", "retrievable_rows", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support", "learning_curve",
+__all__ = ["run", "check_config", "grpo_engine_overrides", "hotpotqa_split", "sft_share_split", "retrievable_rows", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support", "learning_curve",
            "check_from_curve", "DEFAULT_CONFIG", "SPLIT_KEY"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
@@ -182,16 +186,6 @@ def check_from_curve(run_dir: Path) -> dict:
     return {k: v for k, v in last[-1].items() if k.startswith("eval/")}
 
 
-def _type_rows(res: dict) -> list[dict]:
-    rows = []
-    for name, by in res["em_by_type"].items():
-        row = {"model": "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})"}
-        for kind, v in by.items():
-            row[f"{kind} EM (n={v['n']})"] = v["em"]
-        rows.append(row)
-    return rows
-
-
 def _dev_rows() -> list[dict]:
     """HotpotQA's dev_distractor rows, wherever the builtin name `hotpotqa` resolves (data/loaders.py)."""
     from seekrl.data.loaders import builtin_rows
@@ -201,27 +195,6 @@ def _dev_rows() -> list[dict]:
 
 def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _two_way_rows(res: dict) -> list[dict]:
-    rows = []
-    for name, by in res["two_way"].items():
-        yn, eo = by["yes/no"], by["either-or"]
-        rows.append({"model": "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})",
-                     f"yes/no EM (n={yn['n']})": yn["em"], "answered yes": yn["answered yes"], "gold yes": yn["gold yes"],
-                     f"either-or EM (n={eo['n']})": eo["em"], "named an option": eo["named one"], "picked the first": eo["picked first"],
-                     "gold the first": eo["gold first"], f"open EM (n={by['open']['n']})": by["open"]["em"]})
-    return rows
-
-
-def _support_rows(res: dict) -> list[dict]:
-    rows = []
-    for name, s in res["search_support"].items():
-        rows.append({"model": "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})",
-                     f"all needed paragraphs retrieved (n={s['episodes']})": s["all_retrieved"],
-                     "searched again": s["searched_again"], "a later search found a new one": s["later_search_new"],
-                     "EM then": s["em_later_new"], "EM otherwise (searched again)": s["em_later_nothing_new"]})
-    return rows
 
 
 def _write_jsonl(path: Path, rows) -> None:
@@ -269,69 +242,37 @@ def _train_seconds(run_dir: Path) -> float:
     return round(sum(r.get("time/step_s", 0.0) for r in read_metrics(run_dir)), 1)
 
 
-def _results_markdown(res: dict) -> str:
-    from seekrl.demo import markdown_table
-
-    lines = ["# seekrl recipe hotpotqa_smollm2: HotpotQA, BM25 search, greedy", "", markdown_table(res["table"]).rstrip()]
-    gains = [(f"GRPO (train.seed={g['seed']}) over SFT", "held-out", g) for g in res.get("grpo_gains", {}).values()]
-    for label, where, g in [*gains, ("SFT over the base model", "base", res.get("sft_gain"))]:
-        if g:
-            lines += ["", f"EM gain, {label} (the {where} questions, paired bootstrap, {g['resamples']:,} resamples of {g['n']} questions): "
-                      f"**{100 * g['mean']:+.1f} points**, 95% CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]"]
-    if len(gains) > 1:
-        m = res.get("grpo_gain_mean_ci")
-        ci = (f", 95% CI [{100 * m['ci95'][0]:+.1f}, {100 * m['ci95'][1]:+.1f}] (the seeds' mean EM of each question against SFT's, "
-              "paired bootstrap)") if m else ""
-        lines += ["", f"Mean EM gain of GRPO over SFT across the {len(gains)} seeds: **{100 * res['grpo_gain_mean']:+.1f} points**{ci}"]
-    if res.get("em_by_type"):
-        lines += ["", "EM by question type (held-out):", "", markdown_table(_type_rows(res)).rstrip()]
-    if res.get("two_way"):
-        lines += ["", "Questions with two possible answers (held-out): EM, and how the answers split against the gold's split "
-                  "(a policy that guesses sits near chance and moves the split):", "", markdown_table(_two_way_rows(res)).rstrip()]
-    if res.get("search_support"):
-        lines += ["", "What the searches retrieved (held-out questions that name their gold paragraphs): the episodes that retrieved every "
-                  "paragraph the question needs, and of those that searched again, the ones whose later search found a needed "
-                  "paragraph the first had not:", "", markdown_table(_support_rows(res)).rstrip()]
-    for g in res.get("open_gains", {}).values():
-        lines += ["", f"EM gain on the open questions (an answer to read, not pick), GRPO (train.seed={g['seed']}) over SFT "
-                  f"({g['n']} questions, paired bootstrap): **{100 * g['mean']:+.1f} points**, "
-                  f"95% CI [{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]"]
-    if res.get("ceiling_command"):
-        lines += ["", "What GRPO could sharpen at most: the SFT policy's pass@k on the open check questions (8 samples each at the "
-                  f"GRPO temperature; a question no sample solves has no reward spread to learn from): `{res['ceiling_command']}`"]
-    if res.get("curve"):
-        lines += ["", "Learning curve of the first seed (check questions, greedy; minutes: training time, evals not counted):", "",
-                  markdown_table(res["curve"]).rstrip()]
-    lines += ["", "| stage | wall time (s) |", "|---|---|"]
-    lines += [f"| {k} | {v:.0f} |" for k, v in res["stage_seconds"].items()]
-    lines += [f"| total | {sum(res['stage_seconds'].values()):.0f} |", ""]
-    lines += ["Training time across resumes (sum of step times): "
-              + ", ".join(f"{k} {v:.0f} s" for k, v in res["train_seconds"].items()), ""]
-    c = res.get("curriculum")
-    if c:
-        lines.append(f"Curriculum: of the first {c['measured']} training questions, the SFT model solved {c['kept']} in some but not all "
-                     f"of {c['k']} samples (GRPO trains on these), {c['solved_by_all']} in all, "
-                     f"{c['measured'] - c['solved_by_some_sample']} in none.")
-    split = res.get("split", {})
-    if "train_rl" in split:
-        lines.append(f"SFT's share (demo.sft_share): the teacher played {split['train_sft']} of the {split['train']} training questions; "
-                     f"GRPO drew only from the other {split['train_rl']}, whose answers SFT never saw.")
-    if "train_retrievable" in split:
-        lines.append(f"GRPO questions (demo.grpo_questions=retrievable): the {split['train_retrievable']} of the {split['train_open']} "
-                     "open training questions whose own search brought back every needed paragraph.")
-    t = res.get("teacher")
-    if t:
-        lines.append(f"Teacher: {t['kept']} SFT episodes kept of {t['episodes']} played ({t['gold']} with the gold answer, "
-                     f"{t['kept']} of them supported by a retrieved passage), {t['searches_per_episode']:.2f} searches per kept episode.")
-    return "\n".join(lines) + "\n"
+def grpo_engine_overrides(cfg: Config) -> list[str]:
+    """The GRPO stages' engine keys for `demo.grpo_engine`: none for local; for vllm, one vLLM
+    server started by each GRPO run, with `--max-model-len` model.max_context unless
+    engine.server_args already gives it. The evals are not given them: they sample in-process."""
+    if cfg.demo.grpo_engine == "local":
+        return []
+    args = [str(a) for a in cfg.engine.server_args]
+    if not any(a.split("=")[0] == "--max-model-len" for a in args):
+        args += ["--max-model-len", str(cfg.model.max_context)]
+    return ["engine.servers=1", "engine.server_kind=vllm", f"engine.server_args={json.dumps(args)}"]
 
 
 def check_config(config: str, overrides: list[str]) -> Config:
     """The recipe's config with its overrides, every check run before any stage: the index the
     stages build does not exist yet, so the retriever is checked as a server URL would be (the
     index folder is checked once built), and the options that need the search tool
-    (rollout.answer_branches, tools.format) are checked with it."""
-    return load_config(config, [*overrides, "tools.retriever=http://127.0.0.1:1/retrieve"])
+    (rollout.answer_branches, tools.format) are checked with it. With demo.grpo_engine=vllm the
+    GRPO stages' engine is checked too (vLLM installed, its config rules: no top-p, no top-k)."""
+    import importlib.util
+
+    from seekrl.engines.setup import default_server_python
+
+    unbuilt = "tools.retriever=http://127.0.0.1:1/retrieve"
+    cfg = load_config(config, [*overrides, unbuilt])
+    engine = grpo_engine_overrides(cfg)
+    if engine:
+        if not (cfg.engine.server_python or default_server_python() or importlib.util.find_spec("vllm")):
+            raise ConfigError("demo.grpo_engine=vllm samples GRPO on a vLLM server, and vLLM is not installed: run `make vllm` "
+                              "(it builds .venv-vllm) or name its interpreter with engine.server_python")
+        load_config(config, [*overrides, *engine, unbuilt])
+    return cfg
 
 
 def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[str] = ()) -> dict:
@@ -500,7 +441,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         for i, seed in group:
             name = "grpo" if i == 0 else f"grpo_s{seed}"
             curve = i == 0 and d.check_every > 0  # the first seed's learning curve on the check questions
-            rl_over = [*paths, *overrides, f"model.path={sft_model}", f"train.seed={seed}", f"log.name={name}", "train.resume=auto",
+            rl_over = [*paths, *overrides, *grpo_engine_overrides(cfg0), f"model.path={sft_model}", f"train.seed={seed}", f"log.name={name}", "train.resume=auto",
                        f"data.train={grpo_train}", *curriculum_over, *ptx_over,
                        *([f"data.eval={files['curve']}", f"eval.every={d.check_every}"] if curve else ["data.eval=null"])]
             rl_cfg = load_config(config, rl_over)
@@ -573,14 +514,14 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
            "curve": learning_curve(out_dir / first) if d.check_every > 0 else [],
            "sft_gain": paired_bootstrap([scores["base"][i] for i in sorted(scores["base"])],
                                         [scores["sft"][i] for i in sorted(scores["base"])])}
-    md = _results_markdown(res)
+    md = results_markdown(res)
     (out_dir / "results.json").write_text(json.dumps(res, indent=2))
     (out_dir / "results.md").write_text(md)
     stage("9. report", cmd("report", out_dir / "grpo", "--out", out_dir / "report.html"))
     sections = [("Held-out questions before and after each stage (greedy)", markdown_table_to_html(markdown_table(table))),
-                ("EM by question type (held-out)", markdown_table_to_html(markdown_table(_type_rows(res)))),
-                ("Questions with two possible answers (held-out)", markdown_table_to_html(markdown_table(_two_way_rows(res)))),
-                ("What the searches retrieved (held-out)", markdown_table_to_html(markdown_table(_support_rows(res))))]
+                ("EM by question type (held-out)", markdown_table_to_html(markdown_table(type_rows(res)))),
+                ("Questions with two possible answers (held-out)", markdown_table_to_html(markdown_table(two_way_rows(res)))),
+                ("What the searches retrieved (held-out)", markdown_table_to_html(markdown_table(support_rows(res))))]
     if res["curve"]:
         sections.append(("Learning curve: check questions (greedy) and training reward, against steps and minutes",
                          markdown_table_to_html(markdown_table(res["curve"]))))

@@ -209,3 +209,38 @@ def test_a_killed_server_ends_the_run_with_one_line(server, tiny):
         assert "\n" not in str(e.value)
     finally:
         eng.close()
+
+
+def test_recipe_grpo_on_vllm_and_its_evals_in_process(tmp_path):
+    """`seekrl demo --recipe hotpotqa_smollm2 demo.grpo_engine=vllm` at a toy size: the GRPO stage
+    starts its own vLLM server, samples on it (a weight sync a step) and stops it; the evals after
+    it sample in-process, so their figures compare with SFT's."""
+    import json
+
+    import yaml
+
+    from seekrl.cli import main
+
+    out = tmp_path / "hotpotqa"
+    small = [*MODEL[:3], "model.max_context=1024", "model.tiny_layers=1", "model.tiny_vocab=512", "demo.eval_questions=8", "demo.base_questions=4",
+             "demo.check_questions=6", "demo.sft_steps=2", "demo.sft_batch_size=4", "train.steps=2", "train.save_every=1",
+             "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_new_tokens=8", "log.progress=false",
+             "log.tensorboard=false", "model.freeze_layers=0", "demo.grpo_seeds=[0]", "demo.check_every=0",
+             "demo.sft_precision=fp32", "demo.grpo_engine=vllm"]
+    assert main(["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *small]) == 0
+    grpo = yaml.safe_load((out / "grpo" / "config.yaml").read_text())["engine"]
+    assert (grpo["servers"], grpo["server_kind"], grpo["server_args"][:1]) == (1, "vllm", ["--max-model-len"])
+    for stage in ("grpo", "sft", "check"):  # every eval sampled in the eval's own process
+        engine = yaml.safe_load((out / stage / "eval" / "config.yaml").read_text())["engine"]
+        assert (engine["kind"], engine["servers"]) == ("local", 0)
+    rows = [r for r in read_metrics(out / "grpo") if r["step"] >= 1]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["engine/weight_syncs"] >= r["step"] for r in rows)
+    assert rows[-1]["engine/requests"] >= 16 and rows[-1]["engine/servers_alive"] == 1  # every episode sampled on the server
+    assert (out / "grpo" / "engine" / "server_0.log").is_file()
+    assert json.loads((out / "results.json").read_text())["grpo_gains"]["grpo"]["n"] == 8
+    model = out / "grpo" / "checkpoints" / "step_2" / "model"  # README: the SFT stage's config evaluates in-process
+    assert main(["eval", str(out / "sft" / "config.yaml"), f"model.path={model}", f"data.eval={out / 'data' / 'heldout.jsonl'}",
+                 "log.name=again"]) == 0
+    keys = ("eval/em", "eval/f1", "eval/tool_calls", "eval/count")
+    again, recipe = (json.loads((out / name / "eval" / "eval.json").read_text()) for name in ("again", "grpo"))
+    assert {k: again[k] for k in keys} == {k: recipe[k] for k in keys}

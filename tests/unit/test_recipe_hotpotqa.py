@@ -285,3 +285,35 @@ def test_recipe_checks_its_config_before_any_stage_including_options_that_need_t
     with pytest.raises(ConfigError, match="rollout.trajectory"):  # the recipe fails before its first stage
         run_recipe(str(tmp_path / "out"), None, ["rollout.answer_branches=2", "rollout.trajectory=full"])
     assert not (tmp_path / "out" / "index").exists()
+
+
+def test_grpo_engine_vllm_samples_only_grpo_on_a_server_and_is_checked_before_any_stage(tmp_path, monkeypatch):
+    """demo.grpo_engine=vllm gives the GRPO stages one vLLM server each (with --max-model-len
+    model.max_context unless server_args has it) and nothing else; the recipe checks that vLLM is
+    installed and that the GRPO stages' config holds with it before its first stage."""
+    import importlib.util
+
+    import seekrl.engines.setup as setup
+    from seekrl.config import ConfigError
+    from seekrl.recipes.hotpotqa import DEFAULT_CONFIG, check_config, grpo_engine_overrides
+    from seekrl.recipes.hotpotqa import run as run_recipe
+
+    over = [f"tools.retriever={tmp_path / 'index'}"]
+    assert grpo_engine_overrides(check_config(str(DEFAULT_CONFIG), over)) == []
+    monkeypatch.setattr(setup, "default_server_python", lambda: "/opt/vllm/bin/python")  # as if `make vllm` had run
+    cfg = check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=vllm"])
+    assert grpo_engine_overrides(cfg) == ["engine.servers=1", "engine.server_kind=vllm",
+                                          f'engine.server_args=["--max-model-len", "{cfg.model.max_context}"]']
+    given = check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=vllm", "engine.server_args=[--max-model-len=2048,--seed,3]"])
+    assert grpo_engine_overrides(given)[-1] == 'engine.server_args=["--max-model-len=2048", "--seed", "3"]'
+    from seekrl.config import load_config  # the overrides make a GRPO config that samples on one started vLLM server
+    grpo = load_config(str(DEFAULT_CONFIG), ["tools.retriever=http://127.0.0.1:1/retrieve", *grpo_engine_overrides(cfg)])
+    assert (grpo.engine.kind, grpo.engine.servers, grpo.engine.api) == ("remote", 1, "vllm")
+    assert grpo.engine.server_args == ["--max-model-len", str(cfg.model.max_context)]
+    with pytest.raises(ConfigError, match="rollout.top_p=1"):  # a rule of the vLLM engine, checked up front
+        check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=vllm", "rollout.top_p=0.9"])
+    monkeypatch.setattr(setup, "default_server_python", lambda: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ConfigError, match=r"demo.grpo_engine=vllm .* vLLM is not installed: run `make vllm`"):
+        run_recipe(str(tmp_path / "out"), None, ["demo.grpo_engine=vllm"])
+    assert not (tmp_path / "out" / "index").exists()  # before the first stage
