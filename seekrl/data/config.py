@@ -65,7 +65,7 @@ class DataConfig:
     ptx_batch: Annotated[int, Range(ge=1)] = 8
     """data.ptx examples in each optimizer step of the policy."""
     ptx_tokens: Literal["all", "last"] = "all"
-    """Which of data.ptx's assistant tokens the PPO-ptx loss trains: all (as `seekrl sft` does) | last (only each example's last assistant turn: an agent episode's answer, not its searches, so the anchor holds the answer's form without holding the search habit)."""
+    """Which of data.ptx's assistant tokens the PPO-ptx loss trains: all (as `seekrl sft` does) | last (only each example's last assistant turn: an agent episode's answer, not its searches; it holds the answer's form and nothing of the searching: in the HotpotQA recipe the policy then learned to answer without searching, RESULTS.md)."""
     curriculum: str | None = None
     """A curriculum cache (JSON) written by `seekrl curriculum CONFIG`: RL trains only on the data.train questions that model.path solved in some but not all of curriculum_k samples (0 < pass rate < 1); a missing file or one measured for another model, data, k, seed, temperature or token budget stops the run before the model loads."""
     curriculum_k: Annotated[int, Range(ge=2)] = 8

@@ -18,7 +18,9 @@ examples (the gradient is then the same on each, and their average is it).
 
 With `data.ptx_tokens=last` only each example's last assistant turn is trained (`last_turn`): an
 agent episode's answer, not the searches before it, so the anchor holds the answer's form (a yes/no
-answer to a yes/no question) and leaves the searching to RL.
+answer to a yes/no question) and nothing of the searching. Measured on the HotpotQA recipe
+(RESULTS.md, 2026-12-06): trained on answer turns alone, the policy learned to answer at once and
+stopped searching; anchor whole episodes where the searching is to be kept.
 
 Metrics: `loss/ptx` (the examples' token-mean cross-entropy), `ptx/tokens` (trained tokens a step).
 """
