@@ -8,9 +8,10 @@ The same `seekrl train CONFIG OVERRIDES` (one run folder per arm under `--out`, 
 run's), once per arm, each alone with every core:
 
 - `local`: the engine as the config says (in the trainer's process; `engine.dtype` as given);
-- `vllm`: the same config with `engine.servers=1 engine.server_kind=vllm` and
-  `engine.server_args=[--max-model-len,N]` (vLLM's CPU build from `make vllm`): the run starts the server,
-  samples on it, syncs the weights to it after every update, and stops it.
+- `vllm`: the same config with the engine keys `demo.grpo_engine=vllm` gives the HotpotQA recipe's
+  GRPO stages (`engine.servers=1 engine.server_kind=vllm`, `--max-model-len` = model.max_context
+  unless engine.server_args gives it; vLLM's CPU build from `make vllm`): the run starts the
+  server, samples on it, syncs the weights to it after every update, and stops it.
 
 Per arm: the wall time of the whole command (model load and the server's start included), and over
 its steps the step, rollout and weight-sync seconds, the sampled tokens (the two engines sample other
@@ -32,16 +33,17 @@ sys.path.insert(0, str(ROOT))
 
 from seekrl.observe.loggers import read_metrics  # noqa: E402 (after the path)
 from child_arm import add_run_arguments, fresh_out  # noqa: E402
+from seekrl.config import load_config  # noqa: E402
 from seekrl.recipes.children import Child, run_at_once, steps_done  # noqa: E402
+from seekrl.recipes.hotpotqa import grpo_engine_overrides  # noqa: E402
 
-VLLM = ["engine.servers=1", "engine.server_kind=vllm"]
-
-
-def _arm_overrides(arm: str, max_model_len: int) -> list[str]:
+def _arm_overrides(arm: str, config: str, overrides: list[str]) -> list[str]:
+    """The engine keys of an arm: none for local; for vllm, those `demo.grpo_engine=vllm` gives the
+    HotpotQA recipe's GRPO stages (recipes/hotpotqa.py `grpo_engine_overrides`)."""
     if arm == "local":
         return []
     if arm == "vllm":
-        return [*VLLM, f"engine.server_args=[--max-model-len,{max_model_len}]"]
+        return grpo_engine_overrides(load_config(config, [*overrides, "demo.grpo_engine=vllm"]))
     raise SystemExit(f"bench/grpo_engines.py: unknown arm '{arm}'; use local or vllm")
 
 
@@ -63,12 +65,11 @@ def main() -> None:
     add_run_arguments(ap, "runs/bench/grpo_engines")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--arms", default="local,vllm", help="comma-separated: local, vllm (run in this order)")
-    ap.add_argument("--max-model-len", type=int, default=1536, help="vLLM's --max-model-len (its KV cache is sized by it)")
     args = ap.parse_args()
     out, config = fresh_out(args)
     result = {}
     for arm in args.arms.split(","):
-        over = [*args.overrides, *_arm_overrides(arm, args.max_model_len), f"log.dir={out}", f"log.name={arm}",
+        over = [*args.overrides, *_arm_overrides(arm, config, args.overrides), f"log.dir={out}", f"log.name={arm}",
                 f"train.max_steps_this_run={args.steps}", "log.progress=false"]
         kid = Child(arm, [sys.executable, "-m", "seekrl.cli", "train", config, *over], out / f"{arm}.log",
                     done=steps_done(out / arm), total=args.steps)

@@ -10,10 +10,15 @@ from seekrl.demo import markdown_table
 __all__ = ["results_markdown", "type_rows", "two_way_rows", "support_rows"]
 
 
+def _label(res: dict, name: str) -> str:
+    """A model's row label: after SFT, or after GRPO with the seed of that run."""
+    return "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})"
+
+
 def type_rows(res: dict) -> list[dict]:
     rows = []
     for name, by in res["em_by_type"].items():
-        row = {"model": "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})"}
+        row = {"model": _label(res, name)}
         for kind, v in by.items():
             row[f"{kind} EM (n={v['n']})"] = v["em"]
         rows.append(row)
@@ -24,7 +29,7 @@ def two_way_rows(res: dict) -> list[dict]:
     rows = []
     for name, by in res["two_way"].items():
         yn, eo = by["yes/no"], by["either-or"]
-        rows.append({"model": "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})",
+        rows.append({"model": _label(res, name),
                      f"yes/no EM (n={yn['n']})": yn["em"], "answered yes": yn["answered yes"], "gold yes": yn["gold yes"],
                      f"either-or EM (n={eo['n']})": eo["em"], "named an option": eo["named one"], "picked the first": eo["picked first"],
                      "gold the first": eo["gold first"], f"open EM (n={by['open']['n']})": by["open"]["em"]})
@@ -34,7 +39,7 @@ def two_way_rows(res: dict) -> list[dict]:
 def support_rows(res: dict) -> list[dict]:
     rows = []
     for name, s in res["search_support"].items():
-        rows.append({"model": "after SFT" if name == "sft" else f"after GRPO (train.seed={res['grpo_gains'][name]['seed']})",
+        rows.append({"model": _label(res, name),
                      f"all needed paragraphs retrieved (n={s['episodes']})": s["all_retrieved"],
                      "searched again": s["searched_again"], "a later search found a new one": s["later_search_new"],
                      "EM then": s["em_later_new"], "EM otherwise (searched again)": s["em_later_nothing_new"]})
