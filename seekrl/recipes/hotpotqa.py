@@ -38,7 +38,8 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            (DIR/curriculum.json); every GRPO seed trains only on the questions solved in some but
            not all samples, where a group's rewards are likely to differ (seekrl curriculum)
 6c. ptx     (with `demo.ptx_coef` > 0) the teacher's kept episodes of the training questions GRPO
-           does not draw (the two-answer ones with `demo.grpo_questions=open`) to
+           does not draw (the two-answer ones with `demo.grpo_questions=open`), of the question
+           kinds `demo.ptx_kinds` (e.g. [yes/no]), to
            DIR/data/ptx.jsonl: every GRPO update adds their SFT loss (PPO-ptx, train/ptx.py), so
            GRPO on the open questions keeps SFT's behaviour on the others
 7. grpo    GRPO with search from the SFT checkpoint, one run per `demo.grpo_seeds` (seekrl train);
@@ -272,6 +273,10 @@ def check_config(config: str, overrides: list[str]) -> Config:
             raise ConfigError("demo.grpo_engine=vllm samples GRPO on a vLLM server, and vLLM is not installed: run `make vllm` "
                               "(it builds .venv-vllm) or name its interpreter with engine.server_python")
         load_config(config, [*overrides, *engine, unbuilt])
+    kinds = ("yes/no", "either-or", "open")
+    if not cfg.demo.ptx_kinds or set(cfg.demo.ptx_kinds) - set(kinds):
+        raise ConfigError(f"demo.ptx_kinds={cfg.demo.ptx_kinds}: name one or more question kinds of {', '.join(kinds)} "
+                          "(e.g. demo.ptx_kinds=[yes/no])")
     return cfg
 
 
@@ -427,8 +432,11 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         if grpo_train != files["train"]:  # demo.grpo_questions=open or demo.sft_share < 1: the others' episodes
             drawn = {str(r["_id"]) for r in _read_jsonl(grpo_train)}
             held = [r for r in held if str(r["id"]) not in drawn]
+        kind = {str(r["_id"]): answer_options(r)[0] for r in _read_jsonl(files["train"])}
+        held = [r for r in held if kind[str(r["id"])] in d.ptx_kinds]  # demo.ptx_kinds
         if not held:
-            raise ValueError(f"demo.ptx_coef={d.ptx_coef:g}: no kept teacher episode outside {grpo_train} to hold; set demo.ptx_coef=0")
+            raise ValueError(f"demo.ptx_coef={d.ptx_coef:g}: no kept teacher episode of a {'/'.join(d.ptx_kinds)} question outside "
+                             f"{grpo_train} to hold; widen demo.ptx_kinds or set demo.ptx_coef=0")
         _write_jsonl(ptx_file, held)
         counts["ptx"] = len(held)
         ptx_over = [f"data.ptx={ptx_file}", f"algo.ptx_coef={d.ptx_coef}"]

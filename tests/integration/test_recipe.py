@@ -181,7 +181,7 @@ def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path)
     """demo.grpo_questions=open: GRPO trains on DIR/data/train_open.jsonl, the training questions
     whose answer has to be read (answer_options 'open'); the teacher and SFT stages are reused. With
     demo.ptx_coef, every GRPO update adds the SFT loss of the teacher's kept episodes of the other
-    training questions (DIR/data/ptx.jsonl, PPO-ptx)."""
+    training questions (DIR/data/ptx.jsonl, PPO-ptx), of the kinds demo.ptx_kinds (here yes/no)."""
     import shutil
 
     from seekrl.recipes.hotpotqa import answer_options
@@ -192,7 +192,7 @@ def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path)
         f.write_text(f.read_text().replace(str(recipe), str(out)))
     before = json.loads((out / "stage_seconds.json").read_text())
     assert main(["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *SMALL, "demo.grpo_seeds=[0]",
-                 "demo.check_every=0", "demo.grpo_questions=open", "demo.ptx_coef=0.5"]) == 0
+                 "demo.check_every=0", "demo.grpo_questions=open", "demo.ptx_coef=0.5", "demo.ptx_kinds=[yes/no]"]) == 0
     after = json.loads((out / "stage_seconds.json").read_text())
     assert {k: after[k] for k in ("index", "teacher", "sft")} == {k: before[k] for k in ("index", "teacher", "sft")}
 
@@ -206,7 +206,8 @@ def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path)
     drawn = {r["task_id"] for f in (out / "grpo" / "trajectories").glob("*.jsonl") for r in _lines(f)}
     assert drawn and all(kinds[i] == "open" for i in drawn)
     held = _lines(out / "data" / "ptx.jsonl")
-    assert held == [r for r in _lines(out / "teacher_sft.jsonl") if kinds[r["id"]] != "open"] and held
+    assert held == [r for r in _lines(out / "teacher_sft.jsonl") if kinds[r["id"]] == "yes/no"] and held
+    assert any(kinds[r["id"]] == "either-or" for r in _lines(out / "teacher_sft.jsonl"))  # kept, and left out of ptx
     config = (out / "grpo" / "config.yaml").read_text()
     assert f"ptx: {out / 'data' / 'ptx.jsonl'}" in config and "ptx_coef: 0.5" in config
     metrics = [r for r in _lines(out / "grpo" / "metrics.jsonl") if r["step"] > 0]

@@ -282,6 +282,11 @@ def test_recipe_checks_its_config_before_any_stage_including_options_that_need_t
         check_config(str(DEFAULT_CONFIG), [*over, "rollout.trajectory=full"])
     with pytest.raises(ConfigError, match="answer_branches"):  # the tools checks run: branches need a tool format
         check_config(str(DEFAULT_CONFIG), [*over, "tools.format=null"])
+    assert check_config(str(DEFAULT_CONFIG), [*over, "demo.ptx_kinds=[yes/no]"]).demo.ptx_kinds == ["yes/no"]
+    with pytest.raises(ConfigError, match=r"demo.ptx_kinds=\['yes/no', 'bridge'\]: name one or more question kinds of yes/no, either-or"):
+        check_config(str(DEFAULT_CONFIG), [*over, "demo.ptx_kinds=[yes/no, bridge]"])
+    with pytest.raises(ConfigError, match="demo.ptx_kinds"):
+        check_config(str(DEFAULT_CONFIG), [*over, "demo.ptx_kinds=[]"])
     with pytest.raises(ConfigError, match="rollout.trajectory"):  # the recipe fails before its first stage
         run_recipe(str(tmp_path / "out"), None, ["rollout.answer_branches=2", "rollout.trajectory=full"])
     assert not (tmp_path / "out" / "index").exists()
