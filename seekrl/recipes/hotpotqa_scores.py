@@ -11,8 +11,11 @@ import re
 
 from seekrl.compare import paired_bootstrap
 
-__all__ = ["paired_bootstrap", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support",
+__all__ = ["QUESTION_KINDS", "paired_bootstrap", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support",
            "eval_answers"]
+
+QUESTION_KINDS = ("yes/no", "either-or", "open")
+"""The kinds `answer_options` sorts a question into."""
 
 
 def question_types(rows: list[dict]) -> dict[str, str]:
@@ -75,7 +78,7 @@ def two_way_guesses(rows: list[dict], predictions: dict[str, str | None], scores
         em = by_kind.get(kind, {"em": None, "n": 0})
         out[kind] = {"n": em["n"], "em": em["em"], share: sum(picks) / len(picks) if picks else None,
                      gold_share: sum(golds) / len(golds) if golds else None, "named one": len(picks) / len(golds) if golds else None}
-    return {k: out[k] for k in ("yes/no", "either-or", "open")}
+    return {k: out[k] for k in QUESTION_KINDS}
 
 
 def search_support(rows: list[dict], episodes: list[dict]) -> dict:
