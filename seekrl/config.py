@@ -211,6 +211,9 @@ def _check_between(cfg: Config) -> None:
     if r.refill and not a.filter_zero_std:
         raise ConfigError("rollout.refill=true replaces the groups algo.filter_zero_std drops; set algo.filter_zero_std=true "
                           "(or rollout.refill=false)")
+    if cfg.data.skip_flat and r.mode != "sync":
+        raise ConfigError("data.skip_flat works with rollout.mode=sync only (an async run draws tasks before the groups that "
+                          "would leave them out are scored); set rollout.mode=sync or data.skip_flat=0")
     if r.batch_size % t.minibatches:
         raise ConfigError(f"train.minibatches ({t.minibatches}) must divide rollout.batch_size ({r.batch_size})")
     if t.minibatch_size:

@@ -73,6 +73,11 @@ class DataConfig:
     curriculum_seed: int | None = None
     """data.curriculum: the seed of the pass-rate measurement (null: train.seed); a fixed value lets runs with different train.seed train on one measured curriculum."""
 
+    skip_flat: Annotated[int, Range(ge=0, text=">= 0 (0: off)")] = 0
+    """Online curriculum (rollout.mode=sync): a training task whose group had no reward spread (it trained nothing, by algo.filter_zero_std's rule) in its last skip_flat rollouts in a row is left out of each later epoch's order with probability data.skip_flat_prob, until a rollout of it has spread again; every epoch keeps at least one batch; the counts are in the checkpoint (data/skip.py). 0: off."""
+    skip_flat_prob: Annotated[float, Range(gt=0.0, le=1.0)] = 0.8
+    """data.skip_flat: the probability that an epoch leaves out a task whose count reached data.skip_flat (below 1, a left-out task comes back now and then, so the pool follows the policy and does not shrink to the few tasks that had spread once)."""
+
     def check(self) -> None:
         """data.train / data.eval: every comma-separated source's trailing [start:stop] holds integers
         and can select rows (a slice empty whatever the source holds is refused here, others when the

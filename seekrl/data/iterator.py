@@ -14,6 +14,11 @@ yielded next, including when the save fell exactly at the end of an epoch.
 With drop_last (the default) every batch has exactly `batch_size` tasks and the last
 `len(tasks) % batch_size` tasks of each epoch's order are skipped (a different few each epoch);
 without it the epoch's last batch is shorter.
+
+With a `FlatHistory` (`data.skip_flat`, data/skip.py) each epoch's order leaves out the tasks
+whose recent groups had no reward spread (`record` hears of each group); the tasks left out of
+the current epoch are part of `state_dict()`, and so are the history's counts (unless a
+MixtureIterator owns the history and stores it once).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from seekrl.data.skip import FlatHistory
 from seekrl.types import Task
 
 __all__ = ["TaskIterator"]
@@ -30,7 +36,8 @@ class TaskIterator:
     """Yield lists of `batch_size` Tasks forever, reshuffled each epoch with a seeded RNG."""
 
     def __init__(
-        self, tasks: Sequence[Task], batch_size: int, seed: int = 0, shuffle: bool = True, drop_last: bool = True
+        self, tasks: Sequence[Task], batch_size: int, seed: int = 0, shuffle: bool = True, drop_last: bool = True,
+        history: FlatHistory | None = None, salt: str = "", owns_history: bool = True,
     ) -> None:
         if not tasks:
             raise ValueError("TaskIterator needs at least one task; the data set is empty")
@@ -49,6 +56,8 @@ class TaskIterator:
         self._epoch = 0
         self._index = 0  # tasks of the current epoch's order already yielded
         self._order: list[int] | None = None  # cached permutation of self._epoch
+        self.history, self.salt, self.owns_history = history, salt, owns_history
+        self._skipped: list[int] = []  # tasks left out of the current epoch's order (data.skip_flat)
 
     @property
     def epoch(self) -> int:
@@ -64,16 +73,21 @@ class TaskIterator:
         order = list(range(len(self.tasks)))
         if self.shuffle:
             random.Random(self.seed + epoch).shuffle(order)
+        if self._skipped:
+            out = set(self._skipped)
+            order = [i for i in order if i not in out]
         return order
 
     def next_batch(self) -> list[Task]:
-        n = len(self.tasks)
-        remaining = n - self._index
+        if self._order is None:
+            self._order = self._permutation(self._epoch)
+        remaining = len(self._order) - self._index
         if remaining <= 0 or (self.drop_last and remaining < self.batch_size):
             self._epoch += 1
             self._index = 0
-            self._order = None
-        if self._order is None:
+            self._skipped = self.history.left_out(
+                self.tasks, seed=self.seed, epoch=self._epoch, keep_at_least=self.batch_size if self.drop_last else 1,
+                salt=self.salt) if self.history is not None else []
             self._order = self._permutation(self._epoch)
         picked = self._order[self._index : self._index + self.batch_size]
         self._index += len(picked)
@@ -85,8 +99,25 @@ class TaskIterator:
     def __next__(self) -> list[Task]:
         return self.next_batch()
 
+    def record(self, task: Task, informative: bool) -> None:
+        """One rollout of `task`'s group (data.skip_flat; a no-op without a history)."""
+        if self.history is not None:
+            self.history.record(task, informative)
+
+    def metrics(self) -> dict[str, float]:
+        """data.skip_flat: `data/skip_flat/skipped|flat|full_epochs` (none without a history)."""
+        if self.history is None:
+            return {}
+        return {"data/skip_flat/skipped": float(len(self._skipped)), "data/skip_flat/flat": float(self.history.flat_tasks()),
+                "data/skip_flat/full_epochs": float(self.history.full_epochs)}
+
     def state_dict(self) -> dict:
-        return {"epoch": self._epoch, "index": self._index, "seed": self.seed}
+        state = {"epoch": self._epoch, "index": self._index, "seed": self.seed}
+        if self._skipped or self.history is not None:
+            state["skipped"] = list(self._skipped)
+        if self.history is not None and self.owns_history:
+            state["skip_flat"] = self.history.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved position (the saved seed replaces this iterator's seed)."""
@@ -102,5 +133,11 @@ class TaskIterator:
                 f"iterator state epoch={epoch} index={index} does not fit a data set of "
                 f"{len(self.tasks)} tasks (was the data set changed since the checkpoint?)"
             )
+        skipped = state.get("skipped") or []
+        if not all(isinstance(i, int) and 0 <= i < len(self.tasks) for i in skipped):
+            raise ValueError(f"iterator state's skipped tasks do not fit a data set of {len(self.tasks)} tasks "
+                             "(was the data set changed since the checkpoint?)")
+        if self.history is not None and self.owns_history and "skip_flat" in state:
+            self.history.load_state_dict(state["skip_flat"])
         self.seed = int(state["seed"])
-        self._epoch, self._index, self._order = epoch, index, None
+        self._epoch, self._index, self._order, self._skipped = epoch, index, None, list(skipped)

@@ -32,6 +32,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from seekrl.data.iterator import TaskIterator
+from seekrl.data.skip import FlatHistory
 from seekrl.types import Task
 
 __all__ = ["MixtureIterator", "stable_int"]
@@ -46,7 +47,7 @@ class MixtureIterator:
     """Yield lists of `batch_size` tasks drawn from weighted sources (module docstring)."""
 
     def __init__(self, sources: dict[str, Sequence[Task]], weights: dict[str, float], batch_size: int, seed: int = 0,
-                 shuffle: bool = True) -> None:
+                 shuffle: bool = True, history: FlatHistory | None = None) -> None:
         if not sources:
             raise ValueError("a mixture needs at least one source")
         if set(weights) != set(sources):
@@ -69,7 +70,9 @@ class MixtureIterator:
         self.shuffle = shuffle
         self.sources = {k: list(sources[k]) for k in self.names}
         self.tasks = [t for k in self.names for t in self.sources[k]]
-        self._orders = {k: TaskIterator(ts, 1, seed=stable_int(self.seed, "source", k), shuffle=shuffle)
+        self.history = history  # data.skip_flat: one for every source's order, stored once (state_dict)
+        self._orders = {k: TaskIterator(ts, 1, seed=stable_int(self.seed, "source", k), shuffle=shuffle, history=history,
+                                        salt=k, owns_history=False)
                         for k, ts in self.sources.items() if ts}
         self._batches = 0
         self._drawn = 0
@@ -120,9 +123,24 @@ class MixtureIterator:
     def __next__(self) -> list[Task]:
         return self.next_batch()
 
+    def record(self, task: Task, informative: bool) -> None:
+        """One rollout of `task`'s group (data.skip_flat; a no-op without a history)."""
+        if self.history is not None:
+            self.history.record(task, informative)
+
+    def metrics(self) -> dict[str, float]:
+        """data.skip_flat: the sources' left-out tasks summed (none without a history)."""
+        if self.history is None:
+            return {}
+        return {"data/skip_flat/skipped": sum(it.metrics()["data/skip_flat/skipped"] for it in self._orders.values()),
+                "data/skip_flat/flat": float(self.history.flat_tasks()), "data/skip_flat/full_epochs": float(self.history.full_epochs)}
+
     def state_dict(self) -> dict:
-        return {"kind": "mixture", "seed": self.seed, "batches": self._batches, "drawn": self._drawn,
-                "sources": {k: it.state_dict() for k, it in self._orders.items()}}
+        state = {"kind": "mixture", "seed": self.seed, "batches": self._batches, "drawn": self._drawn,
+                 "sources": {k: it.state_dict() for k, it in self._orders.items()}}
+        if self.history is not None:
+            state["skip_flat"] = self.history.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved position (the saved seed replaces this iterator's)."""
@@ -135,6 +153,8 @@ class MixtureIterator:
                              f"{', '.join(sorted(self._orders))}; resume with the same sources (weights may change)")
         for k, it in self._orders.items():
             it.load_state_dict(saved[k])
+        if self.history is not None and "skip_flat" in state:
+            self.history.load_state_dict(state["skip_flat"])
         self.seed = int(state["seed"])
         self._batches, self._drawn = int(state["batches"]), int(state.get("drawn", 0))
 
@@ -146,4 +166,4 @@ class MixtureIterator:
             if not ts and self.weights[k] > 0:
                 raise ValueError(f"data.train source '{k}' has no task left (every prompt is too long); raise "
                                  "rollout.max_prompt_tokens or give it weight 0")
-        return MixtureIterator(sources, self.weights, self.batch_size, seed=self.seed, shuffle=self.shuffle)
+        return MixtureIterator(sources, self.weights, self.batch_size, seed=self.seed, shuffle=self.shuffle, history=self.history)

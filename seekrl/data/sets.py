@@ -12,6 +12,9 @@ of one file (taken before `data.max_train` / `data.max_eval`, which apply to eac
 names its entry, `data.train[1]: nq.jsonl:3: ...`), and a `MixtureIterator` (data/mixture.py)
 draws each step's tasks from them by weight. `TaskSets.train` then holds every source's tasks;
 `load_split` of a mixture (seekrl generate) is all of them, weights aside.
+
+`data.skip_flat` > 0 gives the iterator a `FlatHistory` (data/skip.py): the rollout tells it
+which groups had reward spread, and later epochs leave out the tasks that recently had none.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from seekrl.data.config import DATA_SLICE, DataConfig, DataSource
 from seekrl.data.iterator import TaskIterator
 from seekrl.data.loaders import load_tasks
 from seekrl.data.mixture import MixtureIterator
+from seekrl.data.skip import FlatHistory
 from seekrl.data.templates import get_template
 from seekrl.data.tiny import make_tiny_tasks, tiny_corpus
 from seekrl.errors import DataError
@@ -86,7 +90,7 @@ class TaskSets:
                 kept = {id(t) for t in keep}
                 self.iterator = it.filtered(lambda t: id(t) in kept)
             else:
-                self.iterator = TaskIterator(keep, it.batch_size, seed=it.seed, shuffle=it.shuffle)
+                self.iterator = TaskIterator(keep, it.batch_size, seed=it.seed, shuffle=it.shuffle, history=it.history)
 
 
 def load_task_sets(d: DataConfig, *, seed: int, tasks_per_step: int, tiny: bool = False, tools: bool = False,
@@ -95,6 +99,7 @@ def load_task_sets(d: DataConfig, *, seed: int, tasks_per_step: int, tiny: bool 
     `data.eval`; `tiny`: also the texts a tiny model's tokenizer is trained on (with every
     printable character when `tools`: tool output may hold any); `keep`: the training tasks to
     train on (a curriculum, data/curriculum.py; the tiny texts are those of all of them)."""
+    history = FlatHistory(d.skip_flat, d.skip_flat_prob) if d.skip_flat else None  # the online curriculum (data/skip.py)
     if isinstance(d.train, list):  # a mixture: each step's tasks drawn from the sources by weight
         sources = _mixture_sources(d.train, d, "train", d.max_train, seed)
         train = [t for ts in sources.values() for t in ts]
@@ -104,14 +109,15 @@ def load_task_sets(d: DataConfig, *, seed: int, tasks_per_step: int, tiny: bool 
         if keep is not None:
             sources = {k: _kept(ts, keep, f"data.train source '{k}'", int(weights[k] > 0)) for k, ts in sources.items()}
             train = [t for ts in sources.values() for t in ts]
-        iterator: TaskIterator | MixtureIterator = MixtureIterator(sources, weights, tasks_per_step, seed=seed, shuffle=d.shuffle)
+        iterator: TaskIterator | MixtureIterator = MixtureIterator(sources, weights, tasks_per_step, seed=seed, shuffle=d.shuffle,
+                                                                   history=history)
     else:
         train = load_split(d.train, d, "train", d.max_train, seed)
         evals = load_split(d.eval, d, "test", d.max_eval, seed) if d.eval else []
         texts = tiny_texts_of(train + evals, tools) if tiny else []
         if keep is not None:
             train = _kept(train, keep, "data.train", tasks_per_step)
-        iterator = TaskIterator(train, tasks_per_step, seed=seed, shuffle=d.shuffle)
+        iterator = TaskIterator(train, tasks_per_step, seed=seed, shuffle=d.shuffle, history=history)
     return TaskSets(train, evals, iterator, texts)
 
 

@@ -18,7 +18,9 @@ tasks_per_step of the step's groups have reward spread, it rolls out the next ba
 data order (refill round r seeded `stable_seed(train.seed, "rollout", s, "refill", r)`, at most
 `rollout.max_refill_rounds`) until they do; the data order then moves on by every batch drawn,
 so step s's tasks are no longer the s-th batch, and `data_state` (the iterator's position)
-includes the extra tasks.
+includes the extra tasks. With `data.skip_flat` the sync rollout tells the iterator, for every
+group it scored (refill rounds and their surplus included), whether it had spread by the run's
+signal; later epochs leave out the tasks that recently had none (data/skip.py).
 
 AsyncRollout. Groups (a task's G episodes) are admitted one by one, in the data order; group k
 (0-based over the run) belongs to step s(k) = k // B + 1, B tasks per step. A background task
@@ -113,17 +115,25 @@ class SyncRollout:
         t0 = time.perf_counter()
         tasks = self.iterator.next_batch()
         params = dataclasses.replace(self.params, seed=stable_seed(self.seed, "rollout", step))
-        groups = await collect(self.workflow, self.engine, tasks, self.group_size, params)
+        groups = self._record(await collect(self.workflow, self.engine, tasks, self.group_size, params))
         refilled: dict[str, float] = {}
         if self.refill_rounds:
             async def roll(more: list[Task], round_: int) -> list[TrajectoryGroup]:
                 seeded = dataclasses.replace(self.params, seed=stable_seed(self.seed, "rollout", step, "refill", round_))
-                return await collect(self.workflow, self.engine, more, self.group_size, seeded)
+                return self._record(await collect(self.workflow, self.engine, more, self.group_size, seeded))
 
             groups, refilled = await refill(groups, draw=self.iterator.next_batch, roll=roll, max_rounds=self.refill_rounds,
                                            signal=self.signal)
         metrics = batch_metrics(groups, step - 1, interrupted=0, queue=0, wait_s=time.perf_counter() - t0, workflow=self.workflow)
-        return RolloutBatch(groups, {**metrics, **refilled})
+        return RolloutBatch(groups, {**metrics, **refilled, **self.iterator.metrics()})
+
+    def _record(self, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+        """data.skip_flat: tell the data order which of the groups just scored had spread (the run's
+        signal), every group whose episodes all ran (a refill's surplus too); returns `groups`."""
+        for g in groups:
+            if g.trajectories and all(t.status == "ok" for t in g.trajectories):
+                self.iterator.record(g.task, self.signal(g))
+        return groups
 
     async def publish(self, model: torch.nn.Module, version: int) -> None:
         await self.engine.update_weights(model, version)

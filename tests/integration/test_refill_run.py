@@ -98,3 +98,28 @@ def test_refill_round_zero_is_the_step_without_refill(tmp_path):
     assert _groups(on, 1)[:B] == _groups(off, 1)
     assert not any("refill" in k for r in read_metrics(off) for k in r)
     assert json.loads((off / "checkpoints" / "step_1" / "state.json").read_text())["data"]["index"] == B
+
+
+def test_skip_flat_run_leaves_out_tasks_without_spread_and_resumes_exactly(tmp_path):
+    """data.skip_flat=1 at probability 1: a task whose logged group had no spread is never drawn
+    again (its next epoch leaves it out), unless an epoch had to keep every task to fill a batch;
+    a run cut mid-way resumes to the same tasks, tokens and metrics."""
+    skip = ["data.skip_flat=1", "data.skip_flat_prob=1.0", "data.max_train=24", "train.steps=5"]
+    full = train(cfg(tmp_path, "full", *skip))
+    rows = [r for r in read_metrics(full) if r["step"] > 0]
+    assert undocumented({k for r in rows for k in r}) == []
+    flat_seen: set[str] = set()
+    for r in rows:
+        groups = _groups(full, r["step"])
+        assert not flat_seen & {task for task, _ in groups}
+        flat_seen |= {task for task, members in groups if not _informative((task, members))}
+    assert flat_seen
+    assert rows[-1]["epoch"] >= 2 and max(r["data/skip_flat/skipped"] for r in rows) > 0
+    assert all(r["data/skip_flat/full_epochs"] == 0 for r in rows)
+    state = json.loads((full / "checkpoints" / "step_5" / "state.json").read_text())["data"]
+    assert state["skip_flat"]["flat"] and len(state["skipped"]) == rows[-1]["data/skip_flat/skipped"]
+
+    train(cfg(tmp_path, "cut", *skip, "train.max_steps_this_run=3"))
+    resumed = train(cfg(tmp_path, "cut", *skip))
+    assert _comparable(read_metrics(resumed)) == _comparable(read_metrics(full))
+    assert [_groups(resumed, s) for s in range(1, 6)] == [_groups(full, s) for s in range(1, 6)]
