@@ -54,6 +54,9 @@ __all__ = ["Config", "ConfigError", "SECTIONS", "DemoConfig", "ClusterConfig", "
 _LR = "a finite number >= 0 (e.g. 1e-6 for a real model, 1e-3 for the tiny one; 0 freezes it)"
 
 
+QuestionKind = Literal["yes/no", "either-or", "open"]  # a HotpotQA question's answer form (recipes/hotpotqa_scores.py answer_options)
+
+
 @dataclass
 class DemoConfig:
     world_seed: int = 0
@@ -106,8 +109,13 @@ class DemoConfig:
     """`seekrl demo --recipe hotpotqa_smollm2`: the training questions GRPO (and the curriculum) draws from: all, or open: only those whose answer has to be read from a passage (not yes/no, not "X or Y?"; `answer_options`), written to DIR/data/train_open.jsonl. A policy that cannot read answers the two-answer questions by chance, and their groups' reward spread only moves its guessing (RESULTS.md). retrievable: only the open ones whose question, searched as it is, brings back every needed paragraph in the top tools.topk results (DIR/data/train_retrievable.jsonl): a group's episodes then read the same paragraphs, and their rewards differ by how they read them. It filters the questions GRPO may draw (with demo.sft_share < 1: those outside SFT's share); the teacher and SFT stages are not filtered by it."""
     ptx_coef: Annotated[float, Range(ge=0, text="a finite number >= 0 (0: no PPO-ptx)")] = 0.0
     """`seekrl demo --recipe hotpotqa_smollm2`: the GRPO stages add PPO-ptx (algo.ptx_coef, train/ptx.py) on the teacher's kept episodes of the training questions GRPO does not draw (with demo.grpo_questions=open: the yes/no and "X or Y?" ones; with all: every kept episode), written to DIR/data/ptx.jsonl: SFT's behaviour held where GRPO does not train. 0: off."""
-    ptx_kinds: list[str] = field(default_factory=lambda: ["yes/no", "either-or", "open"])
+    ptx_kinds: list[QuestionKind] = field(default_factory=lambda: ["yes/no", "either-or", "open"])
     """`seekrl demo --recipe hotpotqa_smollm2`: with demo.ptx_coef > 0, the question kinds (`answer_options`: yes/no, either-or, open) whose teacher episodes PPO-ptx holds; e.g. [yes/no]: only the yes/no format, which GRPO under an EM reward can lose and not win back (RESULTS.md, "PPO-ptx on the teacher's yes/no episodes")."""
+
+    def check(self) -> None:
+        if not self.ptx_kinds:
+            raise ConfigError("demo.ptx_kinds is empty; name one or more question kinds of yes/no, either-or, open "
+                              "(e.g. demo.ptx_kinds=[yes/no])")
 
 
 @dataclass

@@ -18,8 +18,9 @@ together. Every field has a docstring (the string literal under it, which `seekr
 - `coerce(key, value, hint)` turns a YAML or command-line value into the field's type (an int
   where a float is asked, one item where a list is, YAML's true/false where the Literal names
   "true"/"false"), or raises a one-line ConfigError ("train.steps: expected an integer, got 1.5").
-- `check_fields(name, section)` checks each value: a Literal's choices (with a did-you-mean), a
-  `Range`, and that every float, in lists too, is finite. Then `section.check()` runs.
+- `check_fields(name, section)` checks each value: a Literal's choices (with a did-you-mean; each
+  item of a list of Literals too), a `Range`, and that every float, in lists too, is finite.
+  Then `section.check()` runs.
 
 Checking reads values and never changes them; the derived defaults (engine.kind from
 engine.urls, ...) are resolved by seekrl/config.py before the checks, in one visible step.
@@ -105,6 +106,15 @@ def choices(hint: Any) -> tuple | None:
         for arg in typing.get_args(base):
             if typing.get_origin(arg) is Literal:
                 return typing.get_args(arg)
+    return None
+
+
+def item_choices(hint: Any) -> tuple | None:
+    """The allowed values of each item of a list-of-Literal field (also `list[Literal[...]] | None`), or None."""
+    base, _ = _base(hint)
+    for arg in (base, *typing.get_args(base)) if typing.get_origin(base) in (typing.Union, types.UnionType) else (base,):
+        if typing.get_origin(arg) is list and typing.get_origin(typing.get_args(arg)[0]) is Literal:
+            return typing.get_args(typing.get_args(arg)[0])
     return None
 
 
@@ -214,6 +224,11 @@ def check_fields(name: str, section: Any) -> None:
             # the options are listed already: only a close match adds something
             raise ConfigError(f"{where}: '{value}' is not one of {', '.join(map(str, options))}"
                               f"{did_you_mean(value, [str(o) for o in options], list_known=False)}")
+        item_options = item_choices(hint)
+        for i, v in enumerate(value if item_options is not None and isinstance(value, list) else []):
+            if v not in item_options:
+                raise ConfigError(f"{where}[{i}]: '{v}' is not one of {', '.join(map(str, item_options))}"
+                                  f"{did_you_mean(v, [str(o) for o in item_options], list_known=False)}")
         base, meta = _base(hint)
         bounds = next((m for m in meta if isinstance(m, Range)), None)
         nullable = type(None) in typing.get_args(base)

@@ -80,7 +80,7 @@ from seekrl.compare import compare_scores
 from seekrl.config import Config, ConfigError, load_config
 from seekrl.recipes.children import Child, core_share, run_at_once, steps_done
 from seekrl.recipes.hotpotqa_results import results_markdown, support_rows, two_way_rows, type_rows
-from seekrl.recipes.hotpotqa_scores import (QUESTION_KINDS, answer_options, em_by_type, eval_answers, paired_bootstrap,
+from seekrl.recipes.hotpotqa_scores import (answer_options, em_by_type, eval_answers, paired_bootstrap,
                                             question_types, search_support, two_way_guesses)
 
 __all__ = ["run", "check_config", "grpo_engine_overrides", "hotpotqa_split", "sft_share_split", "retrievable_rows", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support", "learning_curve",
@@ -273,9 +273,6 @@ def check_config(config: str, overrides: list[str]) -> Config:
             raise ConfigError("demo.grpo_engine=vllm samples GRPO on a vLLM server, and vLLM is not installed: run `make vllm` "
                               "(it builds .venv-vllm) or name its interpreter with engine.server_python")
         load_config(config, [*overrides, *engine, unbuilt])
-    if not cfg.demo.ptx_kinds or set(cfg.demo.ptx_kinds) - set(QUESTION_KINDS):
-        raise ConfigError(f"demo.ptx_kinds={cfg.demo.ptx_kinds}: name one or more question kinds of {', '.join(QUESTION_KINDS)} "
-                          "(e.g. demo.ptx_kinds=[yes/no])")
     return cfg
 
 

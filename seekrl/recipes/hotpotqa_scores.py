@@ -8,13 +8,15 @@ rows and the evals' trajectories (`<eval>/trajectories.jsonl`), so they can be r
 from __future__ import annotations
 
 import re
+import typing
 
 from seekrl.compare import paired_bootstrap
+from seekrl.config import QuestionKind
 
 __all__ = ["QUESTION_KINDS", "paired_bootstrap", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support",
            "eval_answers"]
 
-QUESTION_KINDS = ("yes/no", "either-or", "open")
+QUESTION_KINDS: tuple[str, ...] = typing.get_args(QuestionKind)  # the forms answer_options sorts into (demo.ptx_kinds' choices)
 """The kinds `answer_options` sorts a question into."""
 
 

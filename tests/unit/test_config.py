@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
@@ -348,3 +350,25 @@ def test_subsection_keys_from_yaml_and_the_command_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^algo\.teacher\.timeout_s: must be "):
         load_config(p, ["algo.teacher.timeout_s=.nan"])
     assert "| `algo.teacher.path` | `null` |" in reference_markdown()
+
+
+@dataclasses.dataclass
+class _ListsSection:
+    kinds: list[typing.Literal["alpha", "beta"]] = dataclasses.field(default_factory=list)
+    maybe: list[typing.Literal["x", "y"]] | None = None
+    names: list[str] = dataclasses.field(default_factory=list)
+
+
+def test_each_item_of_a_list_of_literals_is_checked():
+    """schema.check_fields: a `list[Literal[...]]` field (also `| None`) gets each item checked
+    against the choices, with its index and a did-you-mean; a plain list of strings is not."""
+    from seekrl.schema import check_fields, item_choices, section_hints
+
+    hints = section_hints(_ListsSection)
+    assert item_choices(hints["names"]) is None and item_choices(hints["maybe"]) == ("x", "y")
+    Section = _ListsSection
+    check_fields("s", Section(kinds=["alpha", "beta"], maybe=None, names=["anything"]))
+    with pytest.raises(ConfigError, match=r"^s.kinds\[1\]: 'alpah' is not one of alpha, beta; did you mean 'alpha'\?$"):
+        check_fields("s", Section(kinds=["beta", "alpah"]))
+    with pytest.raises(ConfigError, match=r"^s.maybe\[0\]: 'z' is not one of x, y$"):
+        check_fields("s", Section(maybe=["z"]))
