@@ -104,12 +104,14 @@ class TaskIterator:
         if self.history is not None:
             self.history.record(task, informative)
 
+    @property
+    def skipped(self) -> int:
+        """Tasks left out of the current epoch's order (data.skip_flat)."""
+        return len(self._skipped)
+
     def metrics(self) -> dict[str, float]:
-        """data.skip_flat: `data/skip_flat/skipped|flat|full_epochs` (none without a history)."""
-        if self.history is None:
-            return {}
-        return {"data/skip_flat/skipped": float(len(self._skipped)), "data/skip_flat/flat": float(self.history.flat_tasks()),
-                "data/skip_flat/full_epochs": float(self.history.full_epochs)}
+        """data.skip_flat: `data/skip_flat/*` (none without a history)."""
+        return self.history.metrics(self.skipped) if self.history is not None else {}
 
     def state_dict(self) -> dict:
         state = {"epoch": self._epoch, "index": self._index, "seed": self.seed}

@@ -130,10 +130,7 @@ class MixtureIterator:
 
     def metrics(self) -> dict[str, float]:
         """data.skip_flat: the sources' left-out tasks summed (none without a history)."""
-        if self.history is None:
-            return {}
-        return {"data/skip_flat/skipped": sum(it.metrics()["data/skip_flat/skipped"] for it in self._orders.values()),
-                "data/skip_flat/flat": float(self.history.flat_tasks()), "data/skip_flat/full_epochs": float(self.history.full_epochs)}
+        return self.history.metrics(sum(it.skipped for it in self._orders.values())) if self.history is not None else {}
 
     def state_dict(self) -> dict:
         state = {"kind": "mixture", "seed": self.seed, "batches": self._batches, "drawn": self._drawn,

@@ -86,6 +86,11 @@ class FlatHistory:
         """Tasks whose count reached `after`."""
         return sum(n >= self.after for n in self._flat.values())
 
+    def metrics(self, skipped: int) -> dict[str, float]:
+        """`data/skip_flat/*`, with `skipped` the tasks the current epochs' orders leave out."""
+        return {"data/skip_flat/skipped": float(skipped), "data/skip_flat/flat": float(self.flat_tasks()),
+                "data/skip_flat/full_epochs": float(self.full_epochs)}
+
     def state_dict(self) -> dict:
         return {"after": self.after, "prob": self.prob, "full_epochs": self.full_epochs,
                 "flat": [[s, i, n] for (s, i), n in sorted(self._flat.items())]}
