@@ -4,6 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_STAMP := .venv-vllm/.installed
 
 .PHONY: install demo demo-hotpotqa demo-tiny test bench vllm clean
 
@@ -23,9 +24,10 @@ demo: $(STAMP)
 	$(BIN)/seekrl demo --out runs/demo
 
 # a real model: SmolLM2-135M-Instruct learns to search HotpotQA (BM25 over 14,903 paragraphs):
-# index -> split -> teacher -> eval -> SFT -> eval -> 3 x (GRPO -> eval) -> report, about 2 h on 2 cores
-# (runs/hotpotqa/results.md, runs/hotpotqa/report.html); a rerun resumes. README "A real model"
-demo-hotpotqa: $(STAMP)
+# index -> split -> teacher -> eval -> SFT -> eval -> 3 x (GRPO on a vLLM CPU server -> eval) -> report,
+# about 6 h on 2 cores (runs/hotpotqa/results.md, runs/hotpotqa/report.html); a rerun resumes.
+# README "A real model"
+demo-hotpotqa: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/seekrl demo --recipe hotpotqa_smollm2 --out runs/hotpotqa
 
 # a one-minute GRPO smoke run of a random 2-layer model on a toy task (no search)
@@ -44,7 +46,6 @@ test: $(STAMP)
 # engine.server_kind=vllm starts its servers with .venv-vllm/bin/python, and `make test` then runs
 # tests/integration/test_vllm.py against a real vLLM server. The torchvision / torchaudio /
 # torchcodec it pulls in do not match torch 2.13's operators and stop vLLM from starting: removed.
-VLLM_STAMP := .venv-vllm/.installed
 $(VLLM_STAMP):
 	test -x .venv-vllm/bin/python || $(PY) -m venv .venv-vllm
 	.venv-vllm/bin/pip install -q torch==2.13.0

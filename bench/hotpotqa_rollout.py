@@ -61,8 +61,9 @@ def arm(args, name: str) -> dict:
         f"tools.retriever={d / 'index'}", f"log.dir={args.out_dir}", f"log.name={'' if vllm else 'reuse'}{name.replace('@', '_')}",
         "log.progress=false", f"rollout.reuse_kv_tokens={0 if vllm else int(reuse)}", "model.freeze_layers=0",
         "train.mixed_precision=fp32", *(VLLM if vllm else []), *([f"engine.dtype={dtype}"] if dtype else []),
-        *([f"rollout.answer_branches={args.branches}", f"rollout.branch_temperature={args.branch_temperature}",
-           f"rollout.branch_from={args.branch_from}"] if args.branches > 1 else [])])
+        f"rollout.answer_branches={args.branches}",  # the recipe's own default is 4: the bench's --branches decides
+        *([f"rollout.branch_temperature={args.branch_temperature}", f"rollout.branch_from={args.branch_from}"]
+          if args.branches > 1 else [])])
     run = build_eval(cfg)  # (vLLM: the server is up when this returns)
     try:
         params = run.params if args.greedy else dataclasses.replace(run.params, temperature=cfg.rollout.temperature)

@@ -34,7 +34,7 @@ import yaml
 from seekrl.algo.config import GROUP_ALGOS, AlgoConfig
 from seekrl.data.config import DataConfig
 from seekrl.data.synthetic import WorldStyle
-from seekrl.engines.config import EngineConfig
+from seekrl.engines.config import EngineConfig, EngineDtype
 from seekrl.errors import ConfigError
 from seekrl.evaluate import EvalConfig
 from seekrl.generate import GenerateConfig
@@ -96,7 +96,9 @@ class DemoConfig:
     grpo_parallel: Annotated[int, Range(ge=1, text=">= 1 (1: one seed after the other, in the recipe's process)")] = 1
     """`seekrl demo --recipe hotpotqa_smollm2`: GRPO seeds trained at the same time, then evaluated at the same time, each a child `seekrl train` / `seekrl eval` process with an even share of the cores as torch threads (its output in DIR/<run>.log, DIR/<run>.eval.log; recipes/children.py); the seeds go in groups of N in demo.grpo_seeds order. On the 2-core CPU two seeds at one thread each took 0.71 of the time of the two one after the other at two threads (BENCHMARKS.md, "Several runs on one CPU"). 1: each seed in this process with every core, evaluated before the next starts."""
     grpo_engine: Literal["local", "vllm"] = "local"
-    """`seekrl demo --recipe hotpotqa_smollm2`: where the GRPO stages sample: local (in the trainer, as every other stage) | vllm (each GRPO run starts one vLLM server, engine.servers=1 engine.server_kind=vllm, with --max-model-len model.max_context; `make vllm` first). The evals stay in-process, so their figures compare with SFT's; engine.dtype applies to both (bf16_if_native: the vLLM server in bfloat16). On the 2-core CPU a GRPO step of the local-credit configuration took 0.76 of the in-process bf16 engine's time (BENCHMARKS.md, "Whole GRPO steps on vLLM")."""
+    """`seekrl demo --recipe hotpotqa_smollm2`: where the GRPO stages sample: local (in the trainer, as every other stage) | vllm (each GRPO run starts one vLLM server, engine.servers=1 engine.server_kind=vllm, with --max-model-len model.max_context; `make vllm` first). The evals stay in-process, so their figures compare with SFT's; demo.grpo_dtype sets the server's dtype (engine.dtype without it). On the 2-core CPU a GRPO step of the local-credit configuration took 0.76 of the in-process bf16 engine's time (BENCHMARKS.md, "Whole GRPO steps on vLLM")."""
+    grpo_dtype: EngineDtype | None = None
+    """`seekrl demo --recipe hotpotqa_smollm2`: the GRPO stages' engine.dtype, the weights their rollouts are sampled with (with demo.grpo_engine=vllm, the server's dtype), while every eval samples with engine.dtype; e.g. bf16_if_native: a vLLM server in bfloat16 where the CPU computes it natively, and the evals in fp32 as SFT's. null: engine.dtype for both."""
     check_every: Annotated[int, Range(ge=0, text=">= 0 (0: the check questions only after GRPO)")] = 0
     """`seekrl demo --recipe hotpotqa_smollm2`: the first GRPO seed evaluates the first `curve_questions` check questions at step 0, every N steps and at its last step (the learning curve against steps and minutes); 0: no curve."""
     curve_questions: Annotated[int, Range(ge=1)] = 100

@@ -10,16 +10,18 @@ from typing import Annotated, Literal
 from seekrl.errors import ConfigError
 from seekrl.schema import Range
 
-__all__ = ["EngineConfig", "server_kind"]
+__all__ = ["EngineConfig", "EngineDtype", "server_kind"]
 
 _SECONDS = "a finite number > 0 (seconds)"
+EngineDtype = Literal["auto", "float32", "bfloat16", "bf16_if_native"]
+"""engine.dtype's choices (and demo.grpo_dtype's)."""
 
 
 @dataclass
 class EngineConfig:
     kind: Literal["local", "remote"] = "local"
     """Where tokens are sampled: local (in the training process, LocalEngine) | remote (inference servers over HTTP: engine.urls or engine.servers)."""
-    dtype: Literal["auto", "float32", "bfloat16", "bf16_if_native"] = "auto"
+    dtype: EngineDtype = "auto"
     """The weights tokens are sampled with: auto (model.dtype: the in-process engine shares the trainer's weights) | float32 | bfloat16 | bf16_if_native (bfloat16 where the device computes it natively: avx512_bf16, AMX or a bf16 GPU; model.dtype elsewhere). An in-process engine in a dtype other than model.dtype samples from a copy of the weights in it, overwritten at every weight sync (a CPU with avx512_bf16 prefills 2.2x as fast in bfloat16, BENCHMARKS.md); its log-probs are then not the trainer's, so old log-probs are recomputed and algo.mismatch=auto corrects the gap. Started servers load this dtype too."""
     api: Literal["sglang", "vllm"] = "sglang"
     """Wire protocol of the servers: sglang (SGLang's native /generate, spoken by `seekrl serve engine` and stock SGLang) | vllm (vLLM's OpenAI server with its RL dev endpoints)."""

@@ -44,7 +44,8 @@ by hand); a rerun with the same folder skips every stage whose output is complet
            GRPO on the open questions keeps SFT's behaviour on the others
 7. grpo    GRPO with search from the SFT checkpoint, one run per `demo.grpo_seeds` (seekrl train);
            with `demo.grpo_engine=vllm` each run samples on a vLLM server it starts and stops
-           (`grpo_engine_overrides`), while every eval samples in-process
+           (`grpo_engine_overrides`), while every eval samples in-process; `demo.grpo_dtype` is
+           the GRPO stages' engine.dtype only (e.g. a bf16 vLLM server, fp32 evals)
 8. eval    the GRPO model on the held-out questions, then on the check questions (seekrl eval);
            with `demo.grpo_parallel` N > 1, N seeds train at once, each a child `seekrl train`
            with its share of the cores (recipes/children.py), then their evals run at once
@@ -244,23 +245,26 @@ def _train_seconds(run_dir: Path) -> float:
 
 
 def grpo_engine_overrides(cfg: Config) -> list[str]:
-    """The GRPO stages' engine keys for `demo.grpo_engine`: none for local; for vllm, one vLLM
-    server started by each GRPO run, with `--max-model-len` model.max_context unless
-    engine.server_args already gives it. The evals are not given them: they sample in-process."""
+    """The GRPO stages' engine keys: `demo.grpo_dtype` as engine.dtype (none when null), and for
+    `demo.grpo_engine=vllm` one vLLM server started by each GRPO run, with `--max-model-len`
+    model.max_context unless engine.server_args already gives it. The evals are not given them:
+    they sample in-process, with engine.dtype."""
+    dtype = [f"engine.dtype={cfg.demo.grpo_dtype}"] if cfg.demo.grpo_dtype else []
     if cfg.demo.grpo_engine == "local":
-        return []
+        return dtype
     args = [str(a) for a in cfg.engine.server_args]
     if not any(a.split("=")[0] == "--max-model-len" for a in args):
         args += ["--max-model-len", str(cfg.model.max_context)]
-    return ["engine.servers=1", "engine.server_kind=vllm", f"engine.server_args={json.dumps(args)}"]
+    return [*dtype, "engine.servers=1", "engine.server_kind=vllm", f"engine.server_args={json.dumps(args)}"]
 
 
 def check_config(config: str, overrides: list[str]) -> Config:
     """The recipe's config with its overrides, every check run before any stage: the index the
     stages build does not exist yet, so the retriever is checked as a server URL would be (the
     index folder is checked once built), and the options that need the search tool
-    (rollout.answer_branches, tools.format) are checked with it. With demo.grpo_engine=vllm the
-    GRPO stages' engine is checked too (vLLM installed, its config rules: no top-p, no top-k)."""
+    (rollout.answer_branches, tools.format) are checked with it. The GRPO stages' engine keys
+    (`grpo_engine_overrides`) are checked too: with demo.grpo_engine=vllm, vLLM installed and its
+    config rules (no top-p, no top-k)."""
     import importlib.util
 
     from seekrl.engines.setup import default_server_python
@@ -268,10 +272,11 @@ def check_config(config: str, overrides: list[str]) -> Config:
     unbuilt = "tools.retriever=http://127.0.0.1:1/retrieve"
     cfg = load_config(config, [*overrides, unbuilt])
     engine = grpo_engine_overrides(cfg)
-    if engine:
+    if cfg.demo.grpo_engine == "vllm":
         if not (cfg.engine.server_python or default_server_python() or importlib.util.find_spec("vllm")):
             raise ConfigError("demo.grpo_engine=vllm samples GRPO on a vLLM server, and vLLM is not installed: run `make vllm` "
                               "(it builds .venv-vllm) or name its interpreter with engine.server_python")
+    if engine:
         load_config(config, [*overrides, *engine, unbuilt])
     return cfg
 

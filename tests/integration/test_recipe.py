@@ -19,7 +19,7 @@ SMALL = [
     "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_new_tokens=8",
     "log.progress=false", "log.tensorboard=false",
     "model.freeze_layers=0", "demo.grpo_seeds=[0,1]", "demo.check_every=1", "demo.curve_questions=3",
-    "demo.sft_precision=bf16",
+    "demo.sft_precision=bf16", "demo.grpo_engine=local",  # the shipped vLLM server needs `make vllm` (tests/integration/test_vllm.py)
 ]
 
 
@@ -51,8 +51,10 @@ def test_recipe_runs_every_stage(recipe):
     # the teacher: only train questions; kept episodes answer the gold answer, supported by a passage
     kept = _lines(out / "teacher_sft.jsonl")
     counts = json.loads((out / "teacher_counts.json").read_text())
-    assert counts["episodes"] == len(data["train"]) and counts["kept"] == len(kept) > 0.6 * counts["episodes"]
-    assert {r["id"] for r in kept} <= {r["_id"] for r in data["train"]} or all(r["meta"]["_id"] in ids["train"] for r in kept)
+    sft_half, rl_half = _lines(out / "data" / "train_sft.jsonl"), _lines(out / "data" / "train_rl.jsonl")  # demo.sft_share=0.5
+    assert sft_half + rl_half == data["train"] and len(sft_half) == round(0.5 * len(data["train"]))
+    assert counts["episodes"] == len(sft_half) and counts["kept"] == len(kept) > 0.6 * counts["episodes"]
+    assert {r["id"] for r in kept} <= {r["_id"] for r in sft_half}
     assert all(r["reward_parts"]["search_r1/em"] == 1.0 for r in kept)
     assert all(any(s["masked"] and "<information>" in s["text"] for s in r["segments"]) for r in kept)
 
@@ -65,6 +67,21 @@ def test_recipe_runs_every_stage(recipe):
             assert "  mixed_precision: bf16\n" in (out / stage / "config.yaml").read_text()
         model = AutoModelForCausalLM.from_pretrained(out / stage / "checkpoints" / "step_2" / "model")
         assert model.config.num_hidden_layers == 1
+
+    # the shipped GRPO preset reaches both seeds: PPO-ptx on SFT's half's yes/no episodes, EM reward, local answer
+    # credit, answer branches, the rest of the training questions, and demo.grpo_dtype as the GRPO engine's dtype only
+    import yaml
+
+    ptx = _lines(out / "data" / "ptx.jsonl")
+    kind = {r["_id"]: answer_options(r)[0] for r in data["train"]}
+    assert ptx and {kind[r["id"]] for r in ptx} == {"yes/no"} and {r["id"] for r in ptx} <= {r["_id"] for r in sft_half}
+    for stage in ("grpo", "grpo_s1"):
+        c = yaml.safe_load((out / stage / "config.yaml").read_text())
+        assert c["data"]["train"] == str(out / "data" / "train_rl.jsonl") and c["data"]["ptx"] == str(out / "data" / "ptx.jsonl")
+        assert (c["algo"]["ptx_coef"], c["algo"]["branch_credit"], c["reward"]["functions"]) == (0.2, "local", ["qa_em"])
+        assert (c["rollout"]["answer_branches"], c["rollout"]["branch_from"], c["engine"]["dtype"]) == (4, "answer", "bf16_if_native")
+    for stage in ("sft", "grpo", "grpo_s1"):  # every eval samples with engine.dtype (auto: the checkpoint's fp32)
+        assert yaml.safe_load((out / stage / "eval" / "config.yaml").read_text())["engine"]["dtype"] == "auto"
 
     res = json.loads((out / "results.json").read_text())
     assert [(r["model"], r["n"]) for r in res["table"]] == [
@@ -178,8 +195,8 @@ def test_more_grpo_steps_continue_from_the_checkpoint_and_evaluate_the_new_model
 
 
 def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path):
-    """demo.grpo_questions=open: GRPO trains on DIR/data/train_open.jsonl, the training questions
-    whose answer has to be read (answer_options 'open'); the teacher and SFT stages are reused. With
+    """demo.grpo_questions=open: GRPO trains on DIR/data/train_open.jsonl, the training questions of
+    its share whose answer has to be read (answer_options 'open'); the teacher and SFT stages are reused. With
     demo.ptx_coef, every GRPO update adds the SFT loss of the teacher's kept episodes of the other
     training questions (DIR/data/ptx.jsonl, PPO-ptx), of the kinds demo.ptx_kinds (here yes/no)."""
     import shutil
@@ -199,8 +216,8 @@ def test_open_questions_only_grpo_draws_no_two_answer_question(recipe, tmp_path)
     train = _lines(out / "data" / "train.jsonl")
     kinds = {r["_id"]: answer_options(r)[0] for r in train}
     assert {"yes/no", "either-or", "open"} <= set(kinds.values())
-    opened = _lines(out / "data" / "train_open.jsonl")
-    assert opened == [r for r in train if kinds[r["_id"]] == "open"]
+    opened = _lines(out / "data" / "train_open.jsonl")  # of GRPO's share of them (demo.sft_share=0.5)
+    assert opened == [r for r in _lines(out / "data" / "train_rl.jsonl") if kinds[r["_id"]] == "open"]
     assert json.loads((out / "results.json").read_text())["split"]["train_open"] == len(opened)
     assert f"train: {out / 'data' / 'train_open.jsonl'}" in (out / "grpo" / "config.yaml").read_text()
     drawn = {r["task_id"] for f in (out / "grpo" / "trajectories").glob("*.jsonl") for r in _lines(f)}
@@ -253,7 +270,7 @@ def test_sft_share_gives_grpo_only_questions_sft_never_saw(recipe, tmp_path, cap
         f.write_text(f.read_text().replace(str(recipe), str(out)))
     argv = ["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *SMALL, "demo.grpo_seeds=[0]", "demo.check_every=0",
             "reward.functions=[qa_f1,retrieved_support_turn]", "reward.weights=[1.0,0.5]",  # the teacher keeps search_r1
-            "demo.grpo_questions=open", "demo.sft_share=0.5", "demo.ptx_coef=0.5"]
+            "demo.grpo_questions=open", "demo.ptx_kinds=[yes/no,either-or,open]", "demo.sft_share=0.5", "demo.ptx_coef=0.5"]
     assert main(argv) == 0
     assert "eval base" not in json.loads((out / "stage_seconds.json").read_text())  # the base eval was reused
 

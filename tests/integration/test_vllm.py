@@ -230,9 +230,10 @@ def test_recipe_grpo_on_vllm_and_its_evals_in_process(tmp_path):
     assert main(["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *small]) == 0
     grpo = yaml.safe_load((out / "grpo" / "config.yaml").read_text())["engine"]
     assert (grpo["servers"], grpo["server_kind"], grpo["server_args"][:1]) == (1, "vllm", ["--max-model-len"])
+    assert grpo["dtype"] == "bf16_if_native"  # the shipped demo.grpo_dtype: the server's, not the evals' (below)
     for stage in ("grpo", "sft", "check"):  # every eval sampled in the eval's own process
         engine = yaml.safe_load((out / stage / "eval" / "config.yaml").read_text())["engine"]
-        assert (engine["kind"], engine["servers"]) == ("local", 0)
+        assert (engine["kind"], engine["servers"], engine["dtype"]) == ("local", 0, "auto")
     rows = [r for r in read_metrics(out / "grpo") if r["step"] >= 1]
     assert [r["step"] for r in rows] == [1, 2] and all(r["engine/weight_syncs"] >= r["step"] for r in rows)
     assert rows[-1]["engine/requests"] >= 16 and rows[-1]["engine/servers_alive"] == 1  # every episode sampled on the server

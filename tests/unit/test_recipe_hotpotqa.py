@@ -275,7 +275,8 @@ def test_recipe_checks_its_config_before_any_stage_including_options_that_need_t
     from seekrl.recipes.hotpotqa import DEFAULT_CONFIG, check_config
     from seekrl.recipes.hotpotqa import run as run_recipe
 
-    over = [f"tools.retriever={tmp_path / 'index'}", "rollout.answer_branches=4", "rollout.branch_temperature=1.0"]
+    over = [f"tools.retriever={tmp_path / 'index'}", "rollout.answer_branches=4", "rollout.branch_temperature=1.0",
+            "demo.grpo_engine=local"]  # the shipped vllm needs `make vllm` (the next test)
     cfg = check_config(str(DEFAULT_CONFIG), over)
     assert (cfg.rollout.answer_branches, cfg.tools.format) == (4, "search_r1")
     with pytest.raises(ConfigError, match="rollout.trajectory: 'full' is not one of"):
@@ -305,12 +306,19 @@ def test_grpo_engine_vllm_samples_only_grpo_on_a_server_and_is_checked_before_an
     from seekrl.recipes.hotpotqa import DEFAULT_CONFIG, check_config, grpo_engine_overrides
     from seekrl.recipes.hotpotqa import run as run_recipe
 
-    over = [f"tools.retriever={tmp_path / 'index'}"]
-    assert grpo_engine_overrides(check_config(str(DEFAULT_CONFIG), over)) == []
+    over = [f"tools.retriever={tmp_path / 'index'}", "demo.grpo_dtype=null"]
+    assert grpo_engine_overrides(check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=local"])) == []
+    local = check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=local", "demo.grpo_dtype=bf16_if_native"])
+    assert grpo_engine_overrides(local) == ["engine.dtype=bf16_if_native"]  # the GRPO stages' dtype only
+    assert local.engine.dtype == "auto"  # the evals' (and SFT's) engine.dtype is the config's
+    with pytest.raises(ConfigError, match=r"demo.grpo_dtype: 'bf16' is not one of .*did you mean 'bfloat16'"):
+        check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_dtype=bf16"])
     monkeypatch.setattr(setup, "default_server_python", lambda: "/opt/vllm/bin/python")  # as if `make vllm` had run
     cfg = check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=vllm"])
     assert grpo_engine_overrides(cfg) == ["engine.servers=1", "engine.server_kind=vllm",
                                           f'engine.server_args=["--max-model-len", "{cfg.model.max_context}"]']
+    shipped = check_config(str(DEFAULT_CONFIG), over[:1])  # the recipe as shipped: a bf16 vLLM server for GRPO
+    assert grpo_engine_overrides(shipped)[:3] == ["engine.dtype=bf16_if_native", "engine.servers=1", "engine.server_kind=vllm"]
     given = check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=vllm", "engine.server_args=[--max-model-len=2048,--seed,3]"])
     assert grpo_engine_overrides(given)[-1] == 'engine.server_args=["--max-model-len=2048", "--seed", "3"]'
     from seekrl.config import load_config  # the overrides make a GRPO config that samples on one started vLLM server
@@ -322,5 +330,6 @@ def test_grpo_engine_vllm_samples_only_grpo_on_a_server_and_is_checked_before_an
     monkeypatch.setattr(setup, "default_server_python", lambda: None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(ConfigError, match=r"demo.grpo_engine=vllm .* vLLM is not installed: run `make vllm`"):
-        run_recipe(str(tmp_path / "out"), None, ["demo.grpo_engine=vllm"])
+        run_recipe(str(tmp_path / "out"), None, [])  # the shipped default
+    assert check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=local"]).demo.grpo_engine == "local"  # needs no vLLM
     assert not (tmp_path / "out" / "index").exists()  # before the first stage
