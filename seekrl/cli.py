@@ -1,4 +1,4 @@
-"""`seekrl` command line: train, launch, sft, eval, compare, curriculum, index, serve (retriever, mcp, policy), config, cache.
+"""`seekrl` command line: train, launch, sft, eval, compare, average, curriculum, index, serve (retriever, mcp, policy), config, cache.
 
     seekrl train examples/tiny_grpo.yaml train.steps=50 algo.name=ppo
     seekrl launch examples/tiny_grpo.yaml cluster.engine_servers=2   # trainer ranks + engine servers on Ray
@@ -8,6 +8,7 @@
     seekrl generate CONFIG generate.endpoint=http://127.0.0.1:8002/v1 generate.out=sft.jsonl   # or =teacher
     seekrl eval examples/gsm8k_grpo_smollm2.yaml model.path=runs/x/checkpoints/step_3/model
     seekrl compare runs/sft/eval runs/grpo/eval runs/grpo_s1/eval   # each gain over the first eval, its 95% CI, the seeds' mean
+    seekrl average runs/grpo --last 2 --out runs/grpo/avg_last2   # one model: the mean weights of the last 2 checkpoints
     seekrl curriculum CONFIG data.curriculum=runs/curriculum.json   # pass rates of model.path on data.train (cached)
     seekrl index build --corpus hotpotqa --out runs/index/hotpotqa_bm25 --kind bm25
     seekrl serve retriever --index runs/index/hotpotqa_bm25 --port 8000 [--token T]
@@ -86,6 +87,14 @@ def parser() -> argparse.ArgumentParser:
                     "rewards differed in some step (trained), rewards equal, not sampled (it needs every group logged: "
                     "log.samples_every=1, log.samples_groups above a step's groups)")
     cm.add_argument("--json", default=None, help="also write the comparison as JSON to this file")
+    av = sub.add_parser("average", help="checkpoint averaging: one model folder whose weights are the (weighted) mean of "
+                        "several checkpoints of one model (the last K of a run with --last K)")
+    av.add_argument("paths", nargs="+", metavar="PATH", help="model folders or checkpoint folders (runs/<name>/checkpoints/step_<N>); with --last, "
+                    "one run folder")
+    av.add_argument("--out", required=True, help="the model folder to write (must not exist, or be empty)")
+    av.add_argument("--last", type=int, default=None, metavar="K", help="average the last K complete checkpoints of the run folder")
+    av.add_argument("--weights", type=float, nargs="+", default=None, metavar="W", help="one weight per folder, oldest first "
+                    "with --last (normalised to sum 1; default: equal)")
     cu = sub.add_parser("curriculum", help="measure model.path's pass rate on data.train (data.curriculum_k samples each); "
                         "write the data.curriculum cache that RL then filters by (0 < pass rate < 1)")
     cu.add_argument("config")
@@ -212,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
             print(compare_markdown(res), end="")
             if args.json:
                 Path(args.json).write_text(json.dumps(res, indent=2))
+            return 0
+        if args.command == "average":
+            from seekrl.train.average import average_models, average_sources
+
+            folders = average_sources(args.paths, args.last)
+            record = average_models(folders, args.out, args.weights)
+            print(f"averaged {record['tensors']} tensors of {len(folders)} models "
+                  f"({', '.join(f'{w:.3g}' for w in record['weights'])}) into {args.out}", file=sys.stderr)
             return 0
         if args.command == "report":
             from seekrl.report import NotARunFolder, write_report
