@@ -91,8 +91,8 @@ def average_models(folders: list[Path], out: str | os.PathLike, weights: list[fl
     total = float(sum(weights))
     weights = [float(w) / total for w in weights]
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"seekrl average: --out {out} exists and is not empty; choose another folder or remove it")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"seekrl average: --out {out} exists and is not an empty folder; choose another folder or remove it")
 
     for f in folders:
         check_model_folder(f, key="seekrl average")

@@ -94,8 +94,10 @@ def test_bad_arguments_are_one_line_errors(tmp_path, tiny_model, tiny_tokenizer,
         average_models([a, b], tmp_path / "o", weights=[0, 0])
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
-    with pytest.raises(ConfigError, match="not empty"):
+    with pytest.raises(ConfigError, match="not an empty folder"):
         average_models([a, b], tmp_path / "full")
+    with pytest.raises(ConfigError, match="not an empty folder"):
+        average_models([a, b], tmp_path / "full" / "x")
     # another architecture: a config key differs
     other = tmp_path / "other"
     _save(tiny_model, tiny_tokenizer, other)
