@@ -28,7 +28,7 @@ from pathlib import Path
 
 from seekrl.errors import ConfigError
 from seekrl.models import check_model_folder
-from seekrl.train.checkpoint import list_checkpoints
+from seekrl.train.checkpoint import list_checkpoints, model_folder
 
 __all__ = ["average_sources", "average_models"]
 
@@ -59,10 +59,9 @@ def average_sources(paths: list[str | os.PathLike], last: int | None = None) -> 
 
 
 def _model_folder(p: Path) -> Path:
-    if (p / "config.json").is_file():
-        return p
-    if (p / "model" / "config.json").is_file():
-        return p / "model"
+    folder = model_folder(p)
+    if (folder / "config.json").is_file():
+        return folder
     raise ConfigError(f"seekrl average: '{p}' is neither a model folder (config.json) nor a checkpoint folder (model/config.json); "
                       "give runs/<name>/checkpoints/step_<N>, its model/, or a run folder with --last K")
 

@@ -74,11 +74,20 @@ from seekrl.train.checkpoint_tree import load_tree, save_tree
 from seekrl.train.checkpoint_verify import verify_checkpoint
 
 __all__ = ["save_checkpoint", "save_ranks_checkpoint", "load_checkpoint", "resume_checkpoint", "find_checkpoint",
-           "latest_checkpoint", "list_checkpoints", "load_optimizer", "LATEST"]
+           "latest_checkpoint", "list_checkpoints", "load_optimizer", "model_folder", "LATEST"]
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 LATEST = "latest"  # ckpt_root/latest: the name of the newest complete checkpoint folder
 # --------------------------------------------------------------------------- models
+def model_folder(path: str | os.PathLike) -> Path:
+    """`path`, or its model/ folder when `path` is a checkpoint folder (runs/NAME/checkpoints/step_N):
+    the folder a checkpoint's weights load from (`_save_model` writes them there)."""
+    p = Path(path)
+    if p.is_dir() and not (p / "config.json").is_file() and (p / "model" / "config.json").is_file():
+        return p / "model"
+    return p
+
+
 def _save_model(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
     model = unwrap_module(model)
     model_dir = folder / "model"

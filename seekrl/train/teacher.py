@@ -41,6 +41,7 @@ from seekrl.models import unwrap_peft
 from seekrl.parallel.ranks import Ranks
 from seekrl.train.batch import TokenBatch, pad_completion
 from seekrl.train.batching import can_share_prefix, completion_logprobs, row_temperatures
+from seekrl.train.checkpoint import model_folder
 from seekrl.train.config import TrainConfig
 from seekrl.train.packing import can_pack
 from seekrl.train.plan import MicroBatchPlan
@@ -149,10 +150,8 @@ def scoring_batch(seqs: list[list[int]], starts: list[int], temperatures: list[f
 
 def teacher_folder(path: str) -> str:
     """`path`, or its model/ folder when `path` is a checkpoint folder (runs/NAME/checkpoints/step_N)."""
-    p = Path(path)
-    if p.is_dir() and not (p / "config.json").is_file() and (p / "model" / "config.json").is_file():
-        return str(p / "model")
-    return path
+    folder = model_folder(path)
+    return path if folder == Path(path) else str(folder)
 
 
 def tokenizer_problem(student, teacher) -> str | None:

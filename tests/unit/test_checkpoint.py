@@ -433,3 +433,16 @@ def test_killed_while_saving_leaves_an_intact_checkpoint(tmp_path, where, expect
     save_checkpoint(root, int(expected[5:]) + 1, model=model, optimizer=optimizer, state={"step": 0}, keep_last=2)
     assert not [p.name for p in root.iterdir() if p.suffix in (".tmp", ".old") and p.is_dir()]
     assert (root / "latest").read_text() == f"step_{int(expected[5:]) + 1}\n"
+
+
+def test_model_folder_is_a_checkpoints_model_folder_and_leaves_other_paths_alone(tmp_path):
+    from seekrl.train.checkpoint import model_folder
+
+    step = tmp_path / "checkpoints" / "step_4"
+    (step / "model").mkdir(parents=True)
+    (step / "model" / "config.json").write_text("{}")
+    assert model_folder(step) == step / "model"          # the checkpoint folder means its weights
+    assert model_folder(step / "model") == step / "model"
+    (step / "config.json").write_text("{}")              # a folder that is a model itself stays as it is
+    assert model_folder(step) == step
+    assert model_folder(tmp_path / "missing") == tmp_path / "missing"
