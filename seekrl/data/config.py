@@ -77,6 +77,8 @@ class DataConfig:
     """Online curriculum (rollout.mode=sync): a training task whose group had no reward spread (it trained nothing, by algo.filter_zero_std's rule) in its last skip_flat rollouts in a row is left out of each later epoch's order with probability data.skip_flat_prob, until a rollout of it has spread again; every epoch keeps at least one batch; the counts are in the checkpoint (data/skip.py). 0: off."""
     skip_flat_prob: Annotated[float, Range(gt=0.0, le=1.0)] = 0.8
     """data.skip_flat: the probability that an epoch leaves out a task whose count reached data.skip_flat (below 1, a left-out task comes back now and then, so the pool follows the policy and does not shrink to the few tasks that had spread once)."""
+    skip_flat_keep: Annotated[float, Range(ge=0.0, lt=1.0)] = 0.0
+    """data.skip_flat: the smallest fraction of the training tasks every epoch keeps; when more would be left out, the ones left out are those with the longest runs without spread (0: no floor, the pool shrinks as the policy trains)."""
 
     def check(self) -> None:
         """data.train / data.eval: every comma-separated source's trailing [start:stop] holds integers

@@ -99,7 +99,7 @@ def load_task_sets(d: DataConfig, *, seed: int, tasks_per_step: int, tiny: bool 
     `data.eval`; `tiny`: also the texts a tiny model's tokenizer is trained on (with every
     printable character when `tools`: tool output may hold any); `keep`: the training tasks to
     train on (a curriculum, data/curriculum.py; the tiny texts are those of all of them)."""
-    history = FlatHistory(d.skip_flat, d.skip_flat_prob) if d.skip_flat else None  # the online curriculum (data/skip.py)
+    history = FlatHistory(d.skip_flat, d.skip_flat_prob, d.skip_flat_keep) if d.skip_flat else None  # the online curriculum (data/skip.py)
     if isinstance(d.train, list):  # a mixture: each step's tasks drawn from the sources by weight
         sources = _mixture_sources(d.train, d, "train", d.max_train, seed)
         train = [t for ts in sources.values() for t in ts]

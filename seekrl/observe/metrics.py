@@ -59,6 +59,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "data/skip_flat/skipped": ("rl", "data.skip_flat: training tasks left out of the current epoch's order (their recent groups had no reward spread)"),
     "data/skip_flat/flat": ("rl", "data.skip_flat: training tasks whose groups had no reward spread in their last data.skip_flat rollouts in a row"),
     "data/skip_flat/full_epochs": ("rl", "data.skip_flat: epochs so far that left nothing out, because leaving out would have left less than one batch"),
+    "data/skip_flat/capped_epochs": ("rl", "data.skip_flat: epochs so far whose left-out tasks were cut to keep the fraction data.skip_flat_keep of the training tasks"),
     "rollout/excluded/engine_error": ("rl", "trajectories left out because the engine failed their request (not learned from)"),
     "rollout/excluded/tool_unavailable": ("rl", "trajectories left out because a tool's server could not be reached"),
     "rollout/excluded/reward_unavailable": ("rl", "trajectories left out because a judge reward could not score them (refused, timeout, 5xx, unreadable replies after retries)"),

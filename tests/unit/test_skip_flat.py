@@ -3,7 +3,7 @@ curriculum that leaves out of later epochs the tasks whose recent groups had no 
 
 A fake workflow gives a group reward spread iff its task is in a table, so which tasks an epoch
 must leave out is known in advance; the tests check the counts, the epochs' orders, the floor of
-one batch, the probability, failures left unrecorded, exact resume (also across an epoch boundary
+one batch, the kept fraction (`data.skip_flat_keep`), the probability, failures left unrecorded, exact resume (also across an epoch boundary
 and for a mixture), checkpoints written before the option existed, and the config errors."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import pytest
 
 from seekrl.config import load_config
 from seekrl.data.iterator import TaskIterator
+from seekrl.data.config import DataConfig
 from seekrl.data.mixture import MixtureIterator
+from seekrl.data.sets import load_task_sets
 from seekrl.data.skip import FlatHistory
 from seekrl.errors import ConfigError
 from seekrl.rollout.executor import SyncRollout
@@ -85,6 +87,58 @@ def test_an_epoch_keeps_at_least_one_batch():
         h.record(t, False)
     assert h.left_out(tasks, seed=0, epoch=1, keep_at_least=2) == [0, 1, 2, 3]
     assert h.left_out(tasks, seed=0, epoch=1, keep_at_least=3) == [] and h.full_epochs == 1
+
+
+def test_the_kept_fraction_caps_the_left_out_tasks_longest_flat_runs_first():
+    h = FlatHistory(after=1, prob=1.0, keep=0.5)
+    tasks = [_task(i) for i in range(9)]
+    for i, t in enumerate(tasks[:7]):  # t0..t6 flat, t6 the longest run, then t5, t4; t7, t8 never rolled out
+        for _ in range(1 + max(0, i - 3)):
+            h.record(t, False)
+    out = h.left_out(tasks, seed=0, epoch=1, keep_at_least=1)
+    # at most 9 - ceil(4.5) = 4 out: t6, t5, t4 by their runs, and one of t0..t3 (count 1) by the seeded tie order
+    assert len(out) == 4 and out == sorted(out) and {4, 5, 6} < set(out) and h.capped_epochs == 1
+    assert out == h.left_out(tasks, seed=0, epoch=1, keep_at_least=1)  # reproducible
+    ties = {tuple(h.left_out(tasks, seed=0, epoch=e, keep_at_least=1)) for e in range(1, 30)}
+    assert len(ties) > 1 and all(set(o) - {4, 5, 6} <= {0, 1, 2, 3} for o in ties)  # the tie broken by the epoch's seed
+    # under the cap nothing changes: the same draw as without a floor, and no epoch counted capped
+    low = FlatHistory(after=1, prob=0.5, keep=0.25)
+    free = FlatHistory(after=1, prob=0.5)
+    many = [_task(i) for i in range(400)]
+    for t in many:
+        low.record(t, False)
+        free.record(t, False)
+    assert low.left_out(many, seed=3, epoch=1, keep_at_least=1) == free.left_out(many, seed=3, epoch=1, keep_at_least=1)
+    assert low.capped_epochs == 0
+    assert low.metrics(0)["data/skip_flat/capped_epochs"] == 0.0
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        FlatHistory(after=1, keep=1.0)
+
+
+def test_a_run_with_a_kept_fraction_trains_on_half_and_resumes_exactly():
+    tasks = [_task(i) for i in range(8)]
+    spread = {"t1", "t2"}
+
+    def make():
+        return TaskIterator(tasks, 2, seed=5, history=FlatHistory(after=1, prob=1.0, keep=0.5))
+
+    full_it = make()
+    full = _steps(_rollout(TableWorkflow(spread), full_it), 12)
+    # every epoch after the first holds 4 of the 8 tasks: t1 and t2 (spread) and two flat ones
+    assert all(len(set(step)) == 2 for step in full)
+    later = full[4:6], full[6:8], full[8:10], full[10:12]
+    assert all({"t1", "t2"} < {t for step in epoch for t in step} and len({t for step in epoch for t in step}) == 4
+               for epoch in later)
+    assert full_it.metrics()["data/skip_flat/capped_epochs"] == 4.0 and full_it.skipped == 4
+    state = full_it.state_dict()
+    assert state["skip_flat"]["capped_epochs"] == 4 and state["skip_flat"]["keep"] == 0.5
+    for cut in (3, 5, 8):  # around the epoch boundaries
+        it = make()
+        first = _steps(_rollout(TableWorkflow(spread), it), cut)
+        again = make()
+        again.load_state_dict(it.state_dict())
+        assert first + _steps(_rollout(TableWorkflow(spread), again), 12 - cut, start=cut + 1) == full
+        assert again.metrics()["data/skip_flat/capped_epochs"] == 4.0
 
 
 def test_the_skip_probability_is_seeded_by_seed_and_epoch():
@@ -179,6 +233,15 @@ def test_a_mixture_shares_one_history_stored_once_and_resumes_exactly():
     assert first + _steps(_rollout(TableWorkflow(spread), again), 5, start=8) == full
 
 
+def test_the_config_keys_reach_the_data_order(tmp_path):
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(f'{{"id": "q{i}", "question": "q{i}?", "answer": "a"}}\n' for i in range(6)))
+    it = load_task_sets(DataConfig(train=str(rows), skip_flat=2, skip_flat_prob=0.6, skip_flat_keep=0.5),
+                        seed=0, tasks_per_step=2).iterator
+    assert (it.history.after, it.history.prob, it.history.keep) == (2, 0.6, 0.5)
+    assert load_task_sets(DataConfig(train=str(rows)), seed=0, tasks_per_step=2).iterator.history is None
+
+
 def test_config_checks():
     cfg = load_config(None, ["model.path=tiny", "data.skip_flat=2", "data.skip_flat_prob=0.5"])
     assert (cfg.data.skip_flat, cfg.data.skip_flat_prob) == (2, 0.5)
@@ -188,3 +251,7 @@ def test_config_checks():
         load_config(None, ["model.path=tiny", "data.skip_flat=1", "data.skip_flat_prob=0"])
     with pytest.raises(ConfigError, match="data.skip_flat"):
         load_config(None, ["model.path=tiny", "data.skip_flat=-1"])
+    assert load_config(None, ["model.path=tiny", "data.skip_flat=1", "data.skip_flat_keep=0.5"]).data.skip_flat_keep == 0.5
+    for bad in ("1", "1.5", "-0.1"):
+        with pytest.raises(ConfigError, match="skip_flat_keep"):
+            load_config(None, ["model.path=tiny", "data.skip_flat=1", f"data.skip_flat_keep={bad}"])
