@@ -6,7 +6,10 @@ The same `seekrl train CONFIG OVERRIDES` with `train.seed=0 .. runs-1` (one run 
 `--out`, `train.max_steps_this_run=--steps`), in two arms, measured in one invocation:
 
 - `one after the other`: each run alone with `--threads` torch threads (default: every core);
-- `at the same time`: every run at once, each with `--threads / --runs` threads (at least 1).
+- `at the same time`: every run at once, each with `--threads / --runs` threads (at least 1),
+  each pinned to cores of its own (`run_at_once`, as `demo.grpo_parallel` runs them);
+- `at the same time, unpinned` (`--unpinned`): the same without the pinning, so every run and
+  every vLLM server it starts may use every core.
 
 Both arms do the same work (the same seeds fix the same draws; the sampled tokens are reported
 so a difference in the rollouts shows). Per arm: the wall time, and for each run its step time,
@@ -46,12 +49,13 @@ def main() -> None:
     add_run_arguments(ap, "runs/bench/parallel_runs")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--unpinned", action="store_true", help="a third arm: the runs at once, not pinned to cores")
     args = ap.parse_args()
     out, config = fresh_out(args)
     share = max(1, args.threads // args.runs)
     arms = {}
-    for arm in ("one after the other", "at the same time"):
-        tag = "seq" if arm.startswith("one") else "par"
+    for arm in ("one after the other", "at the same time", *(["at the same time, unpinned"] if args.unpinned else [])):
+        tag = "seq" if arm.startswith("one") else "free" if arm.endswith("unpinned") else "par"
         names = [f"{tag}_s{k}" for k in range(args.runs)]
         start = time.perf_counter()
         kids = [_child(config, args.overrides, out, name, k, args.steps) for k, name in enumerate(names)]
@@ -59,7 +63,7 @@ def main() -> None:
             for kid in kids:
                 run_at_once([kid], args.threads, timeout_s=args.timeout)
         else:
-            run_at_once(kids, share, timeout_s=args.timeout)
+            run_at_once(kids, share, timeout_s=args.timeout, pin=tag == "par")
         wall = time.perf_counter() - start
         runs = {name: _steps(out / name) for name in names}
         arms[arm] = {"threads": args.threads if tag == "seq" else share, "wall_s": round(wall, 1), "runs": {
@@ -72,6 +76,8 @@ def main() -> None:
         per = "; ".join(f"{v['step_s']} ({v['rollout_s']}, {v['sampled_tokens']})" for v in a["runs"].values())
         print(f"| {arm} | {a['threads']} | {a['wall_s']} | {per} |")
     print(f"at the same time / one after the other: {par / seq:.2f} of the wall time")
+    if args.unpinned:
+        print(f"unpinned / one after the other: {arms['at the same time, unpinned']['wall_s'] / seq:.2f} of the wall time")
     (out / "result.json").write_text(json.dumps(arms, indent=2))
 
 

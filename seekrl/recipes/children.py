@@ -6,7 +6,11 @@ each finished in 0.71 of the time of the two one after the other with both (BENC
 "Several runs on one CPU").
 `run_at_once` starts each command in a new session (a Ctrl-C of the recipe reaches it only
 through this module), with `OMP_NUM_THREADS` set to its share and its output in its own log file,
-shows each one's progress, and waits for all of them. When one fails, when one passes the
+shows each one's progress, and waits for all of them. Each child is pinned to cores of its own
+(`core_sets`: the cores this process may use, split in order), set right after it starts, before
+its interpreter has started a thread: whatever it starts inherits them, so a vLLM CPU server a
+GRPO run starts binds its OpenMP threads to that child's cores (engines/adapters.py reads the
+affinity), not to every core, where two servers' spinning threads would take each other's cores. When one fails, when one passes the
 timeout, or on Ctrl-C, the others are stopped too (SIGTERM to the process group: `seekrl train`
 then stops as on a kill and resumes from its last checkpoint; SIGKILL after a grace period), and
 the error names the command, its exit code and its log's last line.
@@ -26,7 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["Child", "ChildFailed", "core_share", "run_at_once", "steps_done"]
+__all__ = ["Child", "ChildFailed", "core_sets", "core_share", "run_at_once", "steps_done"]
 
 
 @dataclass
@@ -51,6 +55,15 @@ def core_share(n: int) -> int:
     """Torch threads for each of `n` processes run at once: the cores this process may use, split
     evenly (at least 1)."""
     return max(1, len(os.sched_getaffinity(0)) // max(1, n))
+
+
+def core_sets(n: int) -> list[list[int]]:
+    """The cores of each of `n` processes run at once: this process's cores split in order into
+    `core_share(n)` each, disjoint while there are enough (more processes than cores: one core
+    each, in turn)."""
+    cores = sorted(os.sched_getaffinity(0))
+    k = core_share(n)
+    return [cores[i * k:(i + 1) * k] if (i + 1) * k <= len(cores) else [cores[i % len(cores)]] for i in range(n)]
 
 
 def steps_done(run_dir: Path) -> Callable[[], int]:
@@ -89,21 +102,26 @@ def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
 
 
 def run_at_once(children: list[Child], threads: int, console: Console | None = None, timeout_s: float | None = None,
-                grace_s: float = 60.0, poll_s: float = 2.0) -> dict[str, float]:
-    """Run every child at once with `threads` torch threads each; returns each one's wall seconds.
-    Raises ChildFailed when one fails or passes `timeout_s` (the others stopped first)."""
+                grace_s: float = 60.0, poll_s: float = 2.0, pin: bool = True) -> dict[str, float]:
+    """Run every child at once with `threads` torch threads each, each pinned to its `core_sets`
+    (`pin`); returns each one's wall seconds. Raises ChildFailed when one fails or passes
+    `timeout_s` (the others stopped first)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    cores = core_sets(len(children)) if pin else []
     start = time.monotonic()
     procs: list[subprocess.Popen] = []
     ended: dict[str, float] = {}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console or Console(stderr=True), transient=False)
     try:
-        for c in children:
+        for i, c in enumerate(children):
             c.log.parent.mkdir(parents=True, exist_ok=True)
             with c.log.open("w") as log:
                 procs.append(subprocess.Popen(c.argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               start_new_session=True))
+            if cores:  # the child has just exec'd: one thread, which the ones it starts inherit the cores from
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(procs[-1].pid, cores[i])
         with progress:
             bars = [progress.add_task(c.name, total=c.total) for c in children]
             while len(ended) < len(children):

@@ -1,5 +1,6 @@
-"""recipes/children.py: commands run at once with a share of the cores each; a failure, a timeout
-or Ctrl-C stops every one of them, the processes they started too."""
+"""recipes/children.py: commands run at once with a share of the cores each, pinned to cores of
+their own (which what they start inherits); a failure, a timeout or Ctrl-C stops every one of
+them, the processes they started too."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from seekrl.recipes.children import Child, ChildFailed, core_share, run_at_once, steps_done
+from seekrl.recipes.children import Child, ChildFailed, core_sets, core_share, run_at_once, steps_done
 
 STAMPS = """
 import os, sys, time
@@ -93,6 +94,33 @@ def test_core_share_splits_the_cores_evenly():
     cores = len(os.sched_getaffinity(0))
     assert core_share(1) == cores and core_share(cores) == 1 and core_share(4 * cores) == 1
     assert core_share(2) == max(1, cores // 2)
+
+
+def test_core_sets_split_the_cores_in_order(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 6})
+    assert core_sets(1) == [[0, 1, 2, 3, 6]]
+    assert core_sets(2) == [[0, 1], [2, 3]]  # 5 cores for 2: 2 each (core_share), disjoint
+    assert core_sets(5) == [[0], [1], [2], [3], [6]]
+    assert core_sets(7) == [[0], [1], [2], [3], [6], [0], [1]]  # more processes than cores: in turn
+
+
+AFFINITY = """
+import os, subprocess, sys
+print(sorted(os.sched_getaffinity(0)), flush=True)
+subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)), flush=True)'], check=True)
+"""
+
+
+def test_each_child_and_what_it_starts_run_on_cores_of_their_own(tmp_path):
+    kids = [_child(tmp_path, n, AFFINITY) for n in ("a", "b")]
+    run_at_once(kids, threads=core_share(2), poll_s=0.05)
+    want = core_sets(2)
+    for n, cores in zip("ab", want):
+        assert (tmp_path / f"{n}.log").read_text().splitlines() == [str(cores), str(cores)]  # the child, its child
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert not set(want[0]) & set(want[1])
+    run_at_once([_child(tmp_path, "c", AFFINITY)], threads=1, poll_s=0.05, pin=False)
+    assert (tmp_path / "c.log").read_text().splitlines()[0] == str(sorted(os.sched_getaffinity(0)))
 
 
 def test_steps_done_reads_a_training_runs_last_logged_step(tmp_path):
