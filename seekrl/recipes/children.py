@@ -10,10 +10,11 @@ shows each one's progress, and waits for all of them. Each child is pinned to co
 (`core_sets`: the cores this process may use, split in order), set right after it starts, before
 its interpreter has started a thread: whatever it starts inherits them, so a vLLM CPU server a
 GRPO run starts binds its OpenMP threads to that child's cores (engines/adapters.py reads the
-affinity), not to every core, where two servers' spinning threads would take each other's cores. When one fails, when one passes the
-timeout, or on Ctrl-C, the others are stopped too (SIGTERM to the process group: `seekrl train`
-then stops as on a kill and resumes from its last checkpoint; SIGKILL after a grace period), and
-the error names the command, its exit code and its log's last line.
+affinity), not to every core, where two servers' spinning threads would take each other's cores.
+When one fails, when one passes the timeout, or on Ctrl-C, the others are stopped too (SIGTERM
+to the process group: `seekrl train` then stops as on a kill and resumes from its last
+checkpoint; SIGKILL after a grace period), and the error names the command, its exit code and
+its log's last line.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ the teacher itself (taken at different ones, it would be a sharpened or flattene
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -150,8 +149,7 @@ def scoring_batch(seqs: list[list[int]], starts: list[int], temperatures: list[f
 
 def teacher_folder(path: str) -> str:
     """`path`, or its model/ folder when `path` is a checkpoint folder (runs/NAME/checkpoints/step_N)."""
-    folder = model_folder(path)
-    return path if folder == Path(path) else str(folder)
+    return str(model_folder(path))
 
 
 def tokenizer_problem(student, teacher) -> str | None:
