@@ -402,7 +402,9 @@ class VLLMAPI:
     name: ClassVar[str] = "vllm"
     health: ClassVar[HTTPCall] = HTTPCall("GET", "/health")
     LOGPROBS_MODE: ClassVar[str] = "processed_logprobs"
-    CPU_KVCACHE_GIB: ClassVar[int] = 2  # KV cache of a CPU server (SmolLM2-135M fp32: ~23k tokens)
+    # KV cache of a CPU server: SmolLM2-135M's 46,592 tokens in bf16 (23k in fp32); the HotpotQA recipe's GRPO
+    # rollout used at most 12% of it (26 requests at once). 2 GiB left two seeds at once no room on 24 GiB (BENCHMARKS.md)
+    CPU_KVCACHE_GIB: ClassVar[int] = 1
     WORKER_EXTENSION: ClassVar[str] = "seekrl.engines.vllm_worker.SeekrlWorkerExtension"
     LOAD_METHOD: ClassVar[str] = "load_weights_from_folder"
     NCCL_SERVER_ARGS: ClassVar[tuple[str, ...]] = ("--weight-transfer-config", '{"backend": "nccl"}')

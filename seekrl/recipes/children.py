@@ -15,11 +15,21 @@ When one fails, when one passes the timeout, or on Ctrl-C, the others are stoppe
 to the process group: `seekrl train` then stops as on a kill and resumes from its last
 checkpoint; SIGKILL after a grace period), and the error names the command, its exit code and
 its log's last line.
+While the children run, this process is their descendants' subreaper (Linux
+`PR_SET_CHILD_SUBREAPER`): what a child started in a session of its own, as a GRPO run starts its
+vLLM server (engines/launch.py), is reparented here when that child dies, and is stopped with the
+others. A child killed outright (the kernel's OOM killer, SIGKILL) cannot stop its servers, and
+the parent-death SIGTERM they get is not enough where a server hangs in its shutdown: a vLLM API
+server whose trainer the OOM killer ended was still waiting on its HTTP server's background tasks
+45 s later, when it was killed by hand.
+Run one `run_at_once` at a time in a process: any child of this process that appears while it runs
+and is not one of its commands counts as such an orphan.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -32,6 +42,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 __all__ = ["Child", "ChildFailed", "core_sets", "core_share", "run_at_once", "steps_done"]
+
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 
 
 @dataclass
@@ -102,13 +114,74 @@ def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait(timeout=5)
 
 
+def _subreaper(on: bool) -> bool | None:
+    """Set whether this process is its descendants' subreaper; returns what it was (None where the
+    platform has no such thing: then orphans go to init, as before)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        was = ctypes.c_int(0)
+        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) != 0:
+            return None
+        libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+        return bool(was.value)
+    except (OSError, AttributeError):
+        return None
+
+
+def _own_children() -> set[int]:
+    """The pids whose parent is this process (/proc; empty where there is none)."""
+    me, kids = os.getpid(), set()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    with open(f"/proc/{entry.name}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                            kids.add(int(entry.name))
+    return kids
+
+
+def _stop_orphans(pids: set[int], grace_s: float) -> None:
+    """SIGTERM to each orphan's process group (the orphan alone where it shares this process's),
+    SIGKILL after `grace_s`, and reap them: they are this process's children now."""
+    mine = os.getpgid(0)
+
+    def send(pid: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            group = os.getpgid(pid)
+            os.kill(pid, sig) if group == mine else os.killpg(group, sig)
+
+    def reap(until: float) -> set[int]:
+        left = set(pids)
+        while left:
+            for pid in list(left):
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                        continue
+                left.discard(pid)
+            if not left or time.monotonic() >= until:
+                break
+            time.sleep(0.1)
+        return left
+
+    for pid in pids:
+        send(pid, signal.SIGTERM)
+    left = reap(time.monotonic() + grace_s)
+    for pid in left:
+        send(pid, signal.SIGKILL)
+    reap(time.monotonic() + 5)
+
+
 def run_at_once(children: list[Child], threads: int, console: Console | None = None, timeout_s: float | None = None,
                 grace_s: float = 60.0, poll_s: float = 2.0, pin: bool = True) -> dict[str, float]:
     """Run every child at once with `threads` torch threads each, each pinned to its `core_sets`
     (`pin`); returns each one's wall seconds. Raises ChildFailed when one fails or passes
-    `timeout_s` (the others stopped first)."""
+    `timeout_s` (the others stopped first). What a child started and left running when it died is
+    stopped too (the module docstring: this process is the subreaper meanwhile)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     cores = core_sets(len(children)) if pin else []
+    was_reaper = _subreaper(True)
+    before = _own_children()
     start = time.monotonic()
     procs: list[subprocess.Popen] = []
     ended: dict[str, float] = {}
@@ -145,4 +218,8 @@ def run_at_once(children: list[Child], threads: int, console: Console | None = N
                 time.sleep(poll_s if len(ended) < len(children) else 0)
     finally:
         _stop(procs, grace_s)
+        if was_reaper is not None:  # orphans of the children's descendants, reparented here
+            _stop_orphans(_own_children() - before - {p.pid for p in procs}, grace_s)
+            if not was_reaper:
+                _subreaper(False)
     return ended

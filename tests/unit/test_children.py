@@ -65,6 +65,33 @@ def test_a_failing_child_stops_the_others_and_what_they_started(tmp_path):
     assert not _alive(grandchild)  # SIGTERM reached the sleeper's whole process group
 
 
+def _is_subreaper() -> bool:
+    import ctypes
+
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None).prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    return bool(flag.value)
+
+
+def test_what_a_killed_child_left_running_in_its_own_session_is_stopped(tmp_path):
+    """A GRPO run the OOM killer ends cannot stop its vLLM server, which runs in a session of its
+    own and may hang in its shutdown: here a server that ignores SIGTERM. It is reparented to the
+    recipe and stopped with the others (SIGKILL after the grace period)."""
+    killed = ("import os, signal, subprocess, sys, time\n"
+              "code = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'\n"
+              "p = subprocess.Popen([sys.executable, '-c', code], start_new_session=True)\n"
+              "open(sys.argv[1] + '.pids', 'w').write(f'{p.pid}')\n"
+              "time.sleep(0.5); print('killed', flush=True); os.kill(os.getpid(), signal.SIGKILL)\n")
+    was = _is_subreaper()
+    start = time.monotonic()
+    with pytest.raises(ChildFailed, match=r"^oom exited with code -9: killed \(log: "):
+        run_at_once([_child(tmp_path, "oom", killed)], threads=1, poll_s=0.05, grace_s=1)
+    assert time.monotonic() - start < 60  # not the server's 120 s
+    server = int((tmp_path / "oom.pids").read_text())
+    assert not _alive(server)  # stopped and reaped before run_at_once returned
+    assert _is_subreaper() == was  # this process's setting is given back
+
+
 def test_a_child_past_the_timeout_is_stopped(tmp_path):
     kids = [_child(tmp_path, "quick", STAMPS, 0.1), _child(tmp_path, "stuck", STAMPS, 120)]
     with pytest.raises(ChildFailed, match=r"^stuck did not finish within 2 s: threads 1 1 \(log: "):

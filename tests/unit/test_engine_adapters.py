@@ -259,7 +259,7 @@ def test_vllm_server_command(monkeypatch):
                     "--host", "127.0.0.1", "--port", "8001", "--logprobs-mode", "processed_logprobs",
                     "--worker-extension-cls", "seekrl.engines.vllm_worker.SeekrlWorkerExtension", "--dtype", "bfloat16"]
     # a core range (vLLM refuses "all"); a KV cache size (else the CPU build wants 92% of the RAM free)
-    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     for flags in (["--kv-cache-memory-bytes", "1000000000"], ["--gpu-memory-utilization=0.5"]):  # sized by a flag: no env
         assert "VLLM_CPU_KVCACHE_SPACE" not in VLLMAPI().server_command("/m", "127.0.0.1", 1, flags)[1]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
