@@ -18,7 +18,7 @@ its log's last line.
 While the children run, this process is their descendants' subreaper (Linux
 `PR_SET_CHILD_SUBREAPER`): what a child started in a session of its own, as a GRPO run starts its
 vLLM server (engines/launch.py), is reparented here when that child dies, and is stopped with the
-others. A child killed outright (the kernel's OOM killer, SIGKILL) cannot stop its servers, and
+others, and so is what stopping it orphans in turn. A child killed outright (the kernel's OOM killer, SIGKILL) cannot stop its servers, and
 the parent-death SIGTERM they get is not enough where a server hangs in its shutdown: a vLLM API
 server whose trainer the OOM killer ended was still waiting on its HTTP server's background tasks
 45 s later, when it was killed by hand.
@@ -219,7 +219,11 @@ def run_at_once(children: list[Child], threads: int, console: Console | None = N
     finally:
         _stop(procs, grace_s)
         if was_reaper is not None:  # orphans of the children's descendants, reparented here
-            _stop_orphans(_own_children() - before - {p.pid for p in procs}, grace_s)
+            for _ in range(3):  # stopping an orphan reparents its own children here: those next
+                orphans = _own_children() - before - {p.pid for p in procs}
+                if not orphans:
+                    break
+                _stop_orphans(orphans, grace_s)
             if not was_reaper:
                 _subreaper(False)
     return ended

@@ -77,18 +77,25 @@ def test_what_a_killed_child_left_running_in_its_own_session_is_stopped(tmp_path
     """A GRPO run the OOM killer ends cannot stop its vLLM server, which runs in a session of its
     own and may hang in its shutdown: here a server that ignores SIGTERM. It is reparented to the
     recipe and stopped with the others (SIGKILL after the grace period)."""
+    # the server ignores SIGTERM and has a worker of its own in yet another session, which its
+    # SIGKILL orphans in turn (vLLM's engine core and workers)
+    server = ("import signal, subprocess, sys, time\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "w = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              "time.sleep(120)'], start_new_session=True)\n"
+              "open(sys.argv[1], 'w').write(f'{w.pid}'); time.sleep(120)\n")
     killed = ("import os, signal, subprocess, sys, time\n"
-              "code = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'\n"
-              "p = subprocess.Popen([sys.executable, '-c', code], start_new_session=True)\n"
+              f"p = subprocess.Popen([sys.executable, '-c', {server!r}, sys.argv[1] + '.worker'], start_new_session=True)\n"
               "open(sys.argv[1] + '.pids', 'w').write(f'{p.pid}')\n"
-              "time.sleep(0.5); print('killed', flush=True); os.kill(os.getpid(), signal.SIGKILL)\n")
+              "while not os.path.exists(sys.argv[1] + '.worker'): time.sleep(0.05)\n"
+              "time.sleep(0.2); print('killed', flush=True); os.kill(os.getpid(), signal.SIGKILL)\n")
     was = _is_subreaper()
     start = time.monotonic()
     with pytest.raises(ChildFailed, match=r"^oom exited with code -9: killed \(log: "):
         run_at_once([_child(tmp_path, "oom", killed)], threads=1, poll_s=0.05, grace_s=1)
     assert time.monotonic() - start < 60  # not the server's 120 s
-    server = int((tmp_path / "oom.pids").read_text())
-    assert not _alive(server)  # stopped and reaped before run_at_once returned
+    for pids in ("oom.pids", "oom.worker"):  # the server, then its worker: stopped and reaped before it returned
+        assert not _alive(int((tmp_path / pids).read_text())), pids
     assert _is_subreaper() == was  # this process's setting is given back
 
 
