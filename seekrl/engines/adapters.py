@@ -403,7 +403,7 @@ class VLLMAPI:
     health: ClassVar[HTTPCall] = HTTPCall("GET", "/health")
     LOGPROBS_MODE: ClassVar[str] = "processed_logprobs"
     # KV cache of a CPU server: SmolLM2-135M's 46,592 tokens in bf16 (23k in fp32); the HotpotQA recipe's GRPO
-    # rollout used at most 14% of it (33 requests at once), a 100-question eval on it 67%. With 2 GiB two seeds at once
+    # rollout used at most 13% of it (33 requests at once), a 100-question eval on it 67%. With 2 GiB two seeds at once
     # ran out of 24 GiB (BENCHMARKS.md, "Several runs on one CPU")
     CPU_KVCACHE_GIB: ClassVar[int] = 1
     WORKER_EXTENSION: ClassVar[str] = "seekrl.engines.vllm_worker.SeekrlWorkerExtension"
