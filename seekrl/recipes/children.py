@@ -149,7 +149,10 @@ def _stop_orphans(pids: set[int], grace_s: float) -> None:
     def send(pid: int, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             group = os.getpgid(pid)
-            os.kill(pid, sig) if group == mine else os.killpg(group, sig)
+            if group == mine:  # never signal this process's own group
+                os.kill(pid, sig)
+            else:
+                os.killpg(group, sig)
 
     def reap(until: float) -> set[int]:
         left = set(pids)
