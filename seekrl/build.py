@@ -309,7 +309,7 @@ def ptx_anchor(cfg: Config, rows: list, model, tokenizer) -> PtxAnchor:
         examples = [(ids, last_turn(mask)) for ids, mask in examples]
     return PtxAnchor(examples, coef=cfg.algo.ptx_coef, batch=cfg.data.ptx_batch, seed=t.seed, budget=t.micro_batch_tokens,
                      pad_id=tokenizer.pad_token_id, device=next(model.parameters()).device,
-                     pack=t.packing and can_pack(unwrap_peft(model)))
+                     pack=t.packing and can_pack(unwrap_peft(model)), buckets=t.length_buckets)
 
 
 def _assemble_rl(cfg: Config, run_dir: Path, tasks: TaskSets, model, tokenizer, full_model, engine: InferenceEngine | None,

@@ -51,7 +51,7 @@ from seekrl.algo.losses import entropy_from_logits
 from seekrl.models import unwrap_peft
 from seekrl.train.batch import TokenBatch, pad_completion
 from seekrl.train.compute import trainer_autocast
-from seekrl.train.packing import PackedFull, PackedPrefix, pack_full, pack_prefix, packed_hidden, saves_rows
+from seekrl.train.packing import PackedFull, PackedPrefix, bucket_length, pack_full, pack_prefix, packed_hidden, saves_rows
 
 __all__ = ["MicroBatch", "make_micro_batch", "lifted_prefixes", "row_temperatures", "completion_hidden", "trained_hidden", "completion_logits", "completion_logprobs",
            "score_logits", "score_logprobs", "token_logprobs", "can_share_prefix", "FORWARD_METHODS"]
@@ -81,6 +81,7 @@ class MicroBatch:
     suffix_ids_BS: torch.Tensor | None = None
     suffix_mask_BS: torch.Tensor | None = None
     dummy: bool = False  # run only to keep the ranks' collectives in step (train/plan.py): loss × 0
+    buckets: int = 0  # train.length_buckets: the shared-prefix layout's completion pass is padded to `bucket_length` too
 
     @property
     def width(self) -> int:
@@ -107,14 +108,16 @@ def lifted_prefixes(batch: TokenBatch, index: list[int]) -> list[int]:
 
 
 def make_micro_batch(batch: TokenBatch, index: list[int], pad_id: int, device, share_prefix: bool = False,
-                     always_prefix: bool = False, pack: bool = False) -> MicroBatch:
+                     always_prefix: bool = False, pack: bool = False, buckets: int = 0) -> MicroBatch:
     """The tensors of rows `index`; with `share_prefix`, the shared-prefix layout when some rows
     share a prompt or a lifted prefix (`always_prefix`: even when none do, so that every
     micro-batch runs the decoder twice, as FSDP ranks must all do the same passes: train/plan.py);
-    with `pack`, the decoder runs on the varlen-packed form of that layout (train/packing.py) instead."""
+    with `pack`, the decoder runs on the varlen-packed form of that layout (train/packing.py) instead.
+    `buckets` > 0 rounds the lengths the decoder runs on up by `bucket_length` (train.length_buckets;
+    the padding is masked)."""
     full_prompts = [batch.prompt_ids[i] for i in index]
     comps = [batch.completion_ids[i] for i in index]
-    L = max(len(p) + len(c) for p, c in zip(full_prompts, comps))
+    L = bucket_length(max(len(p) + len(c) for p, c in zip(full_prompts, comps)), buckets)
     C = max(1, max(len(c) for c in comps))
     B = len(index)
     input_ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -140,7 +143,7 @@ def make_micro_batch(batch: TokenBatch, index: list[int], pad_id: int, device, s
         distinct: dict[tuple, int] = {}
         row_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         if (len(distinct) < B or always_prefix) and all(len(p) > 0 for p in prompts):
-            P = max(len(k) for k in distinct)
+            P = bucket_length(max(len(k) for k in distinct), buckets)
             prompt_ids = torch.full((len(distinct), P), pad_id, dtype=torch.long)
             prompt_mask = torch.zeros(len(distinct), P, dtype=torch.long)
             for key, u in distinct.items():  # left-padded: every prompt ends at column P - 1
@@ -163,10 +166,11 @@ def make_micro_batch(batch: TokenBatch, index: list[int], pad_id: int, device, s
         prompts, suffixes = full_prompts, comps
     lengths = [len(c) for c in suffixes] if shared else [len(p) + len(c) for p, c in zip(prompts, comps)]
     if pack and saves_rows(lengths):
-        packed = pack_prefix(prompts, suffixes, pad_id) if shared else pack_full(prompts, comps, pad_id)
+        packed = pack_prefix(prompts, suffixes, pad_id, buckets) if shared else pack_full(prompts, comps, pad_id, buckets)
         prefix = {"packed": packed.to(device), **{k: prefix[k] for k in ("lift_B", "temperature_B") if k in prefix}}
     return MicroBatch(
         **prefix,
+        buckets=buckets,
         index=list(index),
         input_ids_BL=input_ids.to(device),
         attention_mask_BL=attn.to(device),
@@ -231,10 +235,13 @@ def _shared_prefix_hidden(decoder, mb: MicroBatch) -> torch.Tensor:
     cache.reorder_cache(mb.row_prompt_B)  # index_select: differentiable, gradients sum per prompt
     ids_BC = mb.suffix_ids_BS if mb.suffix_ids_BS is not None else mb.target_ids_BC
     mask_BC = mb.suffix_mask_BS if mb.suffix_mask_BS is not None else mb.token_mask_BC.long()
+    width = ids_BC.shape[1]
+    if (extra := bucket_length(width, mb.buckets) - width) > 0:  # padded at the end, masked: nothing real attends to it
+        ids_BC, mask_BC = torch.nn.functional.pad(ids_BC, (0, extra)), torch.nn.functional.pad(mask_BC, (0, extra))
     pos_BC = mb.prompt_len_B[:, None] + torch.arange(ids_BC.shape[1], device=ids_BC.device)[None]
     mask_BL = torch.cat([mb.prompt_mask_UP[mb.row_prompt_B], mask_BC], dim=1)
     out = decoder(input_ids=ids_BC, attention_mask=mask_BL, position_ids=pos_BC, past_key_values=cache, use_cache=True)
-    return torch.cat([last_UH[mb.row_prompt_B].unsqueeze(1), out.last_hidden_state[:, :-1]], dim=1)
+    return torch.cat([last_UH[mb.row_prompt_B].unsqueeze(1), out.last_hidden_state[:, : width - 1]], dim=1)
 
 
 def can_share_prefix(model) -> bool:

@@ -35,10 +35,21 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["pack_first_fit", "saves_rows", "pack_sequences", "Packed", "PackedFull", "PackedPrefix", "pack_full", "pack_prefix", "packed_hidden",
+__all__ = ["bucket_length", "pack_first_fit", "saves_rows", "pack_sequences", "Packed", "PackedFull", "PackedPrefix", "pack_full", "pack_prefix", "packed_hidden",
            "attention_mask_for", "can_pack"]
 
 MASK_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def bucket_length(n: int, per_doubling: int) -> int:
+    """`n` rounded up to one of `per_doubling` lengths per doubling: a multiple of the largest power
+    of two at most `n / per_doubling` (so at most 1/per_doubling more); `n` itself when
+    `per_doubling` is 0 or `n` is at most `per_doubling`. The lengths a run's micro-batches take
+    then come from a bounded set (train.length_buckets)."""
+    if per_doubling <= 0 or n <= per_doubling:
+        return n
+    step = 1 << ((n // per_doubling).bit_length() - 1)
+    return -(-n // step) * step
 
 
 def can_pack(model) -> bool:
@@ -86,8 +97,9 @@ class Packed:
         return Packed(self.ids_RL.to(device), self.pos_RL.to(device), self.mask_R1LL.to(device), self.start)
 
 
-def pack_sequences(seqs: list[list[int]], pad_id: int) -> Packed:
-    capacity = max(1, max(len(s) for s in seqs))
+def pack_sequences(seqs: list[list[int]], pad_id: int, buckets: int = 0) -> Packed:
+    """`seqs` packed into rows as long as the longest (rounded up by `bucket_length`)."""
+    capacity = bucket_length(max(1, max(len(s) for s in seqs)), buckets)
     rows = pack_first_fit([len(s) for s in seqs], capacity)
     R = len(rows)
     ids = torch.full((R, capacity), pad_id, dtype=torch.long)
@@ -121,8 +133,8 @@ class PackedFull:
         return PackedFull(self.seqs.to(device), self.gather_BC.to(device))
 
 
-def pack_full(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedFull:
-    seqs = pack_sequences([p + c for p, c in zip(prompts, completions)], pad_id)
+def pack_full(prompts: list[list[int]], completions: list[list[int]], pad_id: int, buckets: int = 0) -> PackedFull:
+    seqs = pack_sequences([p + c for p, c in zip(prompts, completions)], pad_id, buckets)
     C = max(1, max(len(c) for c in completions))
     gather = torch.zeros(len(prompts), C, dtype=torch.long)
     for b, (p, c) in enumerate(zip(prompts, completions)):
@@ -146,15 +158,15 @@ class PackedPrefix:
                             self.comp_mask_R1LK.to(device), self.gather_BC.to(device))
 
 
-def pack_prefix(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedPrefix:
+def pack_prefix(prompts: list[list[int]], completions: list[list[int]], pad_id: int, buckets: int = 0) -> PackedPrefix:
     distinct: dict[tuple, int] = {}
     row_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
     uniq = [list(k) for k in distinct]
-    P = pack_sequences(uniq, pad_id)
+    P = pack_sequences(uniq, pad_id, buckets)
     # completion token c >= 1 is predicted by the hidden state of token c - 1: run tokens 0 .. n-2
     heads = [c[:-1] if len(c) > 1 else [] for c in completions]
     feed = [h if h else [pad_id] for h in heads]  # an empty one still takes a column (never read)
-    Cp = pack_sequences(feed, pad_id)
+    Cp = pack_sequences(feed, pad_id, buckets)
     R, L = Cp.ids_RL.shape
     seg = torch.full((R, L), -1, dtype=torch.long)
     for b, h in enumerate(feed):

@@ -134,6 +134,7 @@ class MicroBatchPlan:
     share_prefix: bool = False
     pack: bool = False
     ranks: Ranks = field(default_factory=Ranks)
+    buckets: int = 8  # train.length_buckets: lengths rounded up to a bounded set (train/packing.py `bucket_length`)
 
     def groups(self, batch: TokenBatch, rows: list[int]) -> list[list[int]]:
         """The rows of each micro-batch within the budget (one rank's view: no sharding)."""
@@ -147,7 +148,7 @@ class MicroBatchPlan:
 
     def _make(self, batch: TokenBatch, rows: list[int], always_prefix: bool) -> MicroBatch:
         return make_micro_batch(batch, rows, self.pad_id, self.device, share_prefix=self.share_prefix,
-                                always_prefix=always_prefix, pack=self.pack)
+                                always_prefix=always_prefix, pack=self.pack, buckets=self.buckets)
 
     def micro_batches(self, batch: TokenBatch, rows: list[int]) -> Iterator[MicroBatch]:
         """This rank's micro-batches of `rows`, as many as every other rank's (padded with dummies)."""

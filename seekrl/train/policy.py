@@ -83,7 +83,8 @@ class PolicyTrainer:
         self.gen = torch.Generator().manual_seed(train.seed)
         self.plan = MicroBatchPlan(train.micro_batch_tokens, pad_id, self.device,
                                    share_prefix=train.share_prefix and can_share_prefix(model),
-                                   pack=train.packing and can_pack(unwrap_peft(model)), ranks=self.ranks)
+                                   pack=train.packing and can_pack(unwrap_peft(model)), ranks=self.ranks,
+                                   buckets=train.length_buckets)
         self.guard = NonFiniteGuard(train.max_nonfinite)  # the RL loop closes its steps (train/optim.py)
 
     # ---- scoring without gradient -------------------------------------------------------------
@@ -260,7 +261,8 @@ class CriticTrainer:
         self.device = next(value_model.parameters()).device
         self.optimizer, self.scheduler = make_optimizer(value_model.parameters(), train.critic_lr, train, total_steps)
         self.gen = torch.Generator().manual_seed(train.seed + 1)
-        self.plan = MicroBatchPlan(train.micro_batch_tokens, pad_id, self.device, ranks=self.ranks)  # full passes, padded
+        self.plan = MicroBatchPlan(train.micro_batch_tokens, pad_id, self.device, ranks=self.ranks,  # full passes, padded
+                                   buckets=train.length_buckets)
         self.guard = NonFiniteGuard(train.max_nonfinite)  # used when update() is given none
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:

@@ -53,15 +53,15 @@ class PtxAnchor:
     """The supervised examples of PPO-ptx and the loss they add to each optimizer step."""
 
     def __init__(self, examples: list[tuple[list[int], list[int]]], *, coef: float, batch: int, seed: int,
-                 budget: int, pad_id: int, device: torch.device, pack: bool = False):
+                 budget: int, pad_id: int, device: torch.device, pack: bool = False, buckets: int = 8):
         """`examples`: `(ids, labels_mask)` pairs (train/sft.py `tokenize_examples`), scored as
         `seekrl sft` scores a step (`step_loss`: micro-batches of `budget` padded tokens, `pack`ed
-        when possible; one process's: every rank scores all of them)."""
+        when possible, lengths rounded by `buckets`; one process's: every rank scores all of them)."""
         if not examples:
             raise ValueError("PPO-ptx needs at least one example")
         self.examples, self.batch, self.seed = examples, batch, seed
         self._loss = functools.partial(step_loss, budget=budget, pad_id=pad_id, device=device, backward=True, pack=pack,
-                                       scale=coef)
+                                       scale=coef, buckets=buckets)
         self.drawn = 0  # examples drawn so far: the whole state
 
     def _order(self, epoch: int) -> list[int]:

@@ -254,16 +254,17 @@ def sft_loss_sums(model, mb: MicroBatch) -> tuple[torch.Tensor, int]:
 
 
 def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool, pack: bool = False,
-              scale: float = 1.0) -> tuple[float, int, int]:
+              scale: float = 1.0, buckets: int = 8) -> tuple[float, int, int]:
     """Loss per assistant token over `examples` (`(ids, labels_mask)` pairs), micro-batched by
-    `budget` padded tokens (train/plan.py, as the RL updates; `pack`: varlen-packed rows).
+    `budget` padded tokens (train/plan.py, as the RL updates; `pack`: varlen-packed rows; `buckets`:
+    train.length_buckets).
 
     With `backward`, each micro-batch's sum × `scale` / the total count is back-propagated, so the
     accumulated gradient is that of `scale` × the whole batch's token-mean (PPO-ptx weighs it by
     algo.ptx_coef, train/ptx.py). Returns (loss, n_label, n_tokens), the loss unscaled.
     """
     batch = TokenBatch.from_sequences(examples)
-    plan = MicroBatchPlan(budget, pad_id, torch.device(device), pack=pack)
+    plan = MicroBatchPlan(budget, pad_id, torch.device(device), pack=pack, buckets=buckets)
     n_label = sum(sum(m[1:]) for _, m in examples)
     total = 0.0
     for mb in plan.micro_batches(batch, list(range(len(examples)))):
@@ -275,12 +276,12 @@ def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool,
 
 
 @torch.no_grad()
-def eval_loss(model, examples, budget: int, pad_id: int, device, pack: bool = False) -> float:
+def eval_loss(model, examples, budget: int, pad_id: int, device, pack: bool = False, buckets: int = 8) -> float:
     """Mean cross-entropy per assistant token over `examples` (eval mode, no gradient)."""
     was_training = model.training
     model.eval()
     try:
-        return step_loss(model, examples, budget, pad_id, device, backward=False, pack=pack)[0]
+        return step_loss(model, examples, budget, pad_id, device, backward=False, pack=pack, buckets=buckets)[0]
     finally:
         model.train(was_training)
 
@@ -331,11 +332,12 @@ def run(s: SFTRun) -> Path:
     model.train()
     try:
         if start == 0 and s.eval_examples:
-            logger.log({"eval/loss": eval_loss(model, s.eval_examples, t.micro_batch_tokens, pad_id, device, pack)}, step=0)
+            logger.log({"eval/loss": eval_loss(model, s.eval_examples, t.micro_batch_tokens, pad_id, device, pack, t.length_buckets)}, step=0)
         for step in range(start + 1, stop_at + 1):
             t0 = time.perf_counter()
             examples = [s.train_examples[i] for i in batches.next_batch()]
-            loss, n_label, n_tok = step_loss(model, examples, t.micro_batch_tokens, pad_id, device, backward=True, pack=pack)
+            loss, n_label, n_tok = step_loss(model, examples, t.micro_batch_tokens, pad_id, device, backward=True, pack=pack,
+                                             buckets=t.length_buckets)
             grad_norm = float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], t.max_grad_norm))
             lr = optimizer.param_groups[0]["lr"]
             if guard.finite({"loss": loss, "grad_norm": grad_norm}):
@@ -349,7 +351,7 @@ def run(s: SFTRun) -> Path:
                 **release_memory(),  # the step's freed pages back to the system (seekrl/memory.py)
             }
             if s.eval_examples and (step == t.steps or (s.eval_every and step % s.eval_every == 0)):
-                metrics["eval/loss"] = eval_loss(model, s.eval_examples, t.micro_batch_tokens, pad_id, device, pack)
+                metrics["eval/loss"] = eval_loss(model, s.eval_examples, t.micro_batch_tokens, pad_id, device, pack, t.length_buckets)
             logger.log(metrics, step=step)
             progress.update(step, metrics)
             guard.raise_if_stuck(step)  # train.max_nonfinite skipped steps in a row: stop, no checkpoint

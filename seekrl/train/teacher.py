@@ -85,7 +85,8 @@ def teacher_plan(model, train: TrainConfig, pad_id: int, ranks: Ranks | None = N
     (train.micro_batch_tokens, share_prefix, packing), as far as the teacher's model allows them."""
     return MicroBatchPlan(train.micro_batch_tokens, pad_id, next(model.parameters()).device,
                           share_prefix=train.share_prefix and can_share_prefix(model),
-                          pack=train.packing and can_pack(unwrap_peft(model)), ranks=ranks or Ranks())
+                          pack=train.packing and can_pack(unwrap_peft(model)), ranks=ranks or Ranks(),
+                          buckets=train.length_buckets)
 
 
 class LocalTeacher:

@@ -320,6 +320,65 @@ def test_branches_run_their_shared_history_once(fresh_tiny_model, tiny_tokenizer
         torch.testing.assert_close(scored[b, f:n], ref[b, f:n], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("trajs_of", ["random", "branched"])
+@pytest.mark.parametrize("share,pack", [(False, False), (True, False), (False, True), (True, True)])
+def test_rounded_lengths_score_as_exact_ones(fresh_tiny_model, tiny_tokenizer, trajs_of, share, pack):
+    """train.length_buckets: every decoder pass of every layout (right-padded, shared prefix with its
+    completion pass, packed, packed prefix, lifted branches) runs on rounded lengths
+    (`bucket_length`), and the log-probs, entropies and gradients equal those at exact lengths."""
+    import copy
+
+    from seekrl.train.batching import completion_logprobs, make_micro_batch
+    from seekrl.train.packing import bucket_length
+
+    from seekrl.train.packing import PackedFull, PackedPrefix
+
+    if trajs_of == "random":
+        trajs = _random_trajs(len(tiny_tokenizer), n=8, seed=5)
+        for t in trajs[5:]:  # short ones, so that packing saves rows
+            t.completion_ids, t.loss_mask, t.logprobs, t.versions = t.completion_ids[:2], t.loss_mask[:2], t.logprobs[:2], t.versions[:2]
+        if share:
+            for i, t in enumerate(trajs):  # two prompts, four samples each
+                t.prompt_ids = trajs[i % 2].prompt_ids
+    else:
+        trajs = _branched_trajs(len(tiny_tokenizer))
+    batch = TokenBatch.from_trajectories(trajs)
+    idx = list(range(len(trajs)))
+    out, widths = {}, {}
+    for buckets in (0, 1):  # 1: powers of two and their multiples, the coarsest rounding
+        mb = make_micro_batch(batch, idx, 0, "cpu", share_prefix=share, pack=pack, buckets=buckets)
+        layout = type(mb.packed) if mb.packed is not None else "prefix" if mb.prompt_ids_UP is not None else "padded"
+        if trajs_of == "random":  # each case runs the layout it names
+            assert layout == {(False, False): "padded", (True, False): "prefix", (False, True): PackedFull, (True, True): PackedPrefix}[share, pack]
+        model = copy.deepcopy(fresh_tiny_model)
+        seen = []  # the length of every decoder pass's input ids
+        hook = model.get_input_embeddings().register_forward_hook(lambda m, args, res: seen.append(args[0].shape[-1]))
+        logp, ent = completion_logprobs(model, mb, 0.9, entropy=True, where_BC=mb.loss_mask_BC)
+        hook.remove()
+        (logp.sum() - 0.3 * ent.sum()).backward()
+        out[buckets], widths[buckets] = (logp.detach(), ent.detach(), {n: p.grad for n, p in model.named_parameters()}), seen
+    assert len(widths[1]) == len(widths[0])  # the same passes
+    assert all(bucket_length(w, 1) == w for w in widths[1])  # each on a rounded length...
+    assert widths[1] != widths[0]  # ...which here differs from the exact one somewhere
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=0, atol=1e-5)
+    for n, g in out[0][2].items():
+        torch.testing.assert_close(out[1][2][n], g, rtol=0, atol=1e-5 * max(1.0, g.abs().max().item()), msg=n)
+
+
+def test_bucket_length_bounds_the_lengths():
+    """`bucket_length`: never shorter, at most 1/N longer, N lengths per doubling, exact at 0."""
+    from seekrl.train.packing import bucket_length
+
+    for k in (1, 2, 8):
+        rounded = [bucket_length(n, k) for n in range(1, 4097)]
+        assert all(n <= r <= n + n // k for n, r in zip(range(1, 4097), rounded))
+        assert all(bucket_length(r, k) == r for r in rounded)  # a rounded length stays put
+        assert len({r for r in rounded if 256 < r <= 512}) == k  # k lengths in each doubling
+    assert [bucket_length(n, 0) for n in (1, 257, 4095)] == [1, 257, 4095]
+    assert [bucket_length(n, 8) for n in (8, 9, 17, 257, 300, 2049)] == [8, 9, 18, 288, 320, 2304]
+
+
 def test_update_with_branches_is_the_same_with_lifted_prefixes(fresh_tiny_model, tiny_tokenizer):
     """The whole update (old log-probs, micro-batches under a small budget, the plan keeping each
     episode's branches together) gives the gradient of the unshared update, in fewer decoder tokens."""
