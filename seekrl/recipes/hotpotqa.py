@@ -15,7 +15,8 @@ by hand); a rerun with the same folder skips every stage whose output is complet
 2b. share  (with `demo.sft_share` < 1) the first share of the train file (`sft_share_split`) to
            DIR/data/train_sft.jsonl, which the teacher plays and SFT trains on, the rest to
            DIR/data/train_rl.jsonl, which GRPO draws from: GRPO's questions are ones whose answers
-           SFT never saw
+           SFT never saw (with `demo.grpo_share=all` GRPO draws from every training question,
+           SFT's share too)
 3. teacher the scripted teacher (data/teacher.py, `first_query: question`) plays each train
            question with the real search tool: the question as its first query, the title of each
            gold paragraph still missing (the bridge entity) next, then the answer. Episodes whose
@@ -389,11 +390,12 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         timed("sft", jobs.sft, load_config(config, sft_over))
     evals["sft"] = evaluate("sft", str(sft_model), "heldout")
 
-    grpo_train = rl_train  # what GRPO (and the curriculum) draws from: demo.sft_share, demo.grpo_questions
+    # what GRPO (and the curriculum) draws from: demo.sft_share, demo.grpo_share, demo.grpo_questions
+    grpo_train = files["train"] if d.grpo_share == "all" else rl_train
     if d.grpo_questions in ("open", "retrievable"):
-        grpo_train = data_dir / "train_open.jsonl"
-        stage("6a. open", f"the open questions of {rl_train} (answer_options) -> {grpo_train}")
-        opened = [r for r in _read_jsonl(rl_train) if answer_options(r)[0] == "open"]
+        drawn, grpo_train = grpo_train, data_dir / "train_open.jsonl"
+        stage("6a. open", f"the open questions of {drawn} (answer_options) -> {grpo_train}")
+        opened = [r for r in _read_jsonl(drawn) if answer_options(r)[0] == "open"]
         _write_jsonl(grpo_train, opened)
         counts["train_open"] = len(opened)
         console.print(f"GRPO trains on the {len(opened)} open training questions (demo.grpo_questions=open)" if d.grpo_questions == "open"
@@ -428,7 +430,8 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     ptx_over = []  # PPO-ptx: SFT's episodes of the questions GRPO does not draw hold their behaviour (train/ptx.py)
     if d.ptx_coef > 0:
         ptx_file = data_dir / "ptx.jsonl"
-        stage("6c. ptx", f"the teacher's kept episodes of the training questions not in {grpo_train} -> {ptx_file}")
+        stage("6c. ptx", f"the teacher's kept episodes of the training questions not in {grpo_train} -> {ptx_file}" if grpo_train != files["train"]
+              else f"the teacher's kept episodes (GRPO draws every training question) -> {ptx_file}")
         held = _read_jsonl(sft_rows)
         if grpo_train != files["train"]:  # demo.grpo_questions=open or demo.sft_share < 1: the others' episodes
             drawn = {str(r["_id"]) for r in _read_jsonl(grpo_train)}
@@ -508,7 +511,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     open_gains = {name: {"seed": seed, **paired_bootstrap([scores["sft"][i] for i in open_ids], [scores[name][i] for i in open_ids])}
                   for name, seed in runs.items()} if open_ids else {}
     res = {"recipe": "hotpotqa_smollm2", "config": config, "overrides": overrides, "table": table, "evals": evals,
-           "teacher": teacher, "curriculum": curriculum, "split": counts, "stage_seconds": timings,
+           "teacher": teacher, "curriculum": curriculum, "split": counts, "grpo_share": d.grpo_share if d.sft_share < 1 else "all", "stage_seconds": timings,
            "train_seconds": {name: _train_seconds(out_dir / name) for name in ("sft", *runs)},
            "grpo_gain": gains[first], "grpo_gains": gains,
            "grpo_gain_mean": sum(g["mean"] for g in gains.values()) / len(gains),

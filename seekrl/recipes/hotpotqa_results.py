@@ -88,7 +88,11 @@ def results_markdown(res: dict) -> str:
                      f"of {c['k']} samples (GRPO trains on these), {c['solved_by_all']} in all, "
                      f"{c['measured'] - c['solved_by_some_sample']} in none.")
     split = res.get("split", {})
-    if "train_rl" in split:
+    if "train_rl" in split and res.get("grpo_share") == "all":
+        lines.append(f"SFT's share (demo.sft_share): the teacher played {split['train_sft']} of the {split['train']} training questions; "
+                     f"GRPO drew from all {split['train']} (demo.grpo_share=all), the {split['train_rl']} whose answers SFT never saw "
+                     "and SFT's share.")
+    elif "train_rl" in split:
         lines.append(f"SFT's share (demo.sft_share): the teacher played {split['train_sft']} of the {split['train']} training questions; "
                      f"GRPO drew only from the other {split['train_rl']}, whose answers SFT never saw.")
     if "train_retrievable" in split:

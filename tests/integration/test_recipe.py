@@ -310,3 +310,20 @@ def test_sft_share_gives_grpo_only_questions_sft_never_saw(recipe, tmp_path, cap
     assert main([*argv[:-2], "demo.sft_share=0.25", "demo.ptx_coef=0.5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("seekrl: error:") and "demo.sft_share=0.5, not 0.25" in err[-1]
+
+    # demo.grpo_share=all: the same teacher and SFT stages (reused), GRPO drawing from every training question
+    both = tmp_path / "share_all"
+    shutil.copytree(out, both, ignore=shutil.ignore_patterns("grpo*", "check", "results.*", "report*", "stage_seconds.json"))
+    for f in both.rglob("*.yaml"):
+        f.write_text(f.read_text().replace(str(out), str(both)))
+    assert argv[4] == str(out)
+    assert main([*argv[:4], str(both), *argv[5:-4], "demo.sft_share=0.5", "demo.ptx_coef=0.5", "demo.ptx_kinds=[yes/no,either-or,open]",
+                 "demo.grpo_share=all", "demo.grpo_questions=all"]) == 0
+    assert not {"teacher", "sft"} & set(json.loads((both / "stage_seconds.json").read_text()))  # reused
+    assert f"train: {both / 'data' / 'train.jsonl'}" in (both / "grpo" / "config.yaml").read_text()
+    drawn = {r["task_id"] for f in (both / "grpo" / "trajectories").glob("*.jsonl") for r in _lines(f)}
+    assert drawn and drawn <= sft_ids | rl_ids
+    assert _lines(both / "data" / "ptx.jsonl") == kept  # GRPO draws every question, so PPO-ptx holds every kept episode
+    res = json.loads((both / "results.json").read_text())
+    assert res["grpo_share"] == "all"
+    assert f"GRPO drew from all {len(train)} (demo.grpo_share=all)" in (both / "results.md").read_text()
