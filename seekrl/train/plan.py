@@ -39,6 +39,7 @@ import torch
 from seekrl.parallel.ranks import Ranks
 from seekrl.train.batch import TokenBatch
 from seekrl.train.batching import MicroBatch, lifted_prefixes, make_micro_batch
+from seekrl.train.config import TrainConfig
 
 __all__ = ["MicroBatchPlan", "plan_micro_batches", "plan_prefix_micro_batches", "shard_rows"]
 
@@ -134,7 +135,7 @@ class MicroBatchPlan:
     share_prefix: bool = False
     pack: bool = False
     ranks: Ranks = field(default_factory=Ranks)
-    buckets: int = 8  # train.length_buckets: lengths rounded up to a bounded set (train/packing.py `bucket_length`)
+    buckets: int = TrainConfig.length_buckets  # lengths rounded up (train/packing.py `bucket_length`); the callers pass train.length_buckets
 
     def groups(self, batch: TokenBatch, rows: list[int]) -> list[list[int]]:
         """The rows of each micro-batch within the budget (one rank's view: no sharding)."""

@@ -33,6 +33,7 @@ import math
 import torch
 
 from seekrl.observe.stats import StatsTracker
+from seekrl.train.config import TrainConfig
 from seekrl.train.sft import step_loss
 
 __all__ = ["PtxAnchor", "last_turn"]
@@ -53,7 +54,7 @@ class PtxAnchor:
     """The supervised examples of PPO-ptx and the loss they add to each optimizer step."""
 
     def __init__(self, examples: list[tuple[list[int], list[int]]], *, coef: float, batch: int, seed: int,
-                 budget: int, pad_id: int, device: torch.device, pack: bool = False, buckets: int = 8):
+                 budget: int, pad_id: int, device: torch.device, pack: bool = False, buckets: int = TrainConfig.length_buckets):
         """`examples`: `(ids, labels_mask)` pairs (train/sft.py `tokenize_examples`), scored as
         `seekrl sft` scores a step (`step_loss`: micro-batches of `budget` padded tokens, `pack`ed
         when possible, lengths rounded by `buckets`; one process's: every rank scores all of them)."""

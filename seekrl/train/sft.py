@@ -254,7 +254,7 @@ def sft_loss_sums(model, mb: MicroBatch) -> tuple[torch.Tensor, int]:
 
 
 def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool, pack: bool = False,
-              scale: float = 1.0, buckets: int = 8) -> tuple[float, int, int]:
+              scale: float = 1.0, buckets: int = TrainConfig.length_buckets) -> tuple[float, int, int]:
     """Loss per assistant token over `examples` (`(ids, labels_mask)` pairs), micro-batched by
     `budget` padded tokens (train/plan.py, as the RL updates; `pack`: varlen-packed rows; `buckets`:
     train.length_buckets).
@@ -276,7 +276,7 @@ def step_loss(model, examples, budget: int, pad_id: int, device, backward: bool,
 
 
 @torch.no_grad()
-def eval_loss(model, examples, budget: int, pad_id: int, device, pack: bool = False, buckets: int = 8) -> float:
+def eval_loss(model, examples, budget: int, pad_id: int, device, pack: bool = False, buckets: int = TrainConfig.length_buckets) -> float:
     """Mean cross-entropy per assistant token over `examples` (eval mode, no gradient)."""
     was_training = model.training
     model.eval()
