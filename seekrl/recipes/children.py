@@ -41,7 +41,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["Child", "ChildFailed", "core_sets", "core_share", "run_at_once", "steps_done"]
+__all__ = ["Child", "ChildFailed", "available_memory_gib", "core_sets", "core_share", "run_at_once", "steps_done"]
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 
@@ -62,6 +62,19 @@ class Child:
 
 class ChildFailed(RuntimeError):
     """A child exited with a nonzero code or passed the timeout; the others were stopped."""
+
+
+def available_memory_gib(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """The memory new processes can take without swapping, in GiB: Linux's MemAvailable (free
+    memory plus the page cache the kernel can drop); None where the file or the field is missing."""
+    try:
+        lines = meminfo.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20  # kB
+    return None
 
 
 def core_share(n: int) -> int:

@@ -80,7 +80,7 @@ from rich.console import Console
 
 from seekrl.compare import compare_scores
 from seekrl.config import Config, ConfigError, load_config
-from seekrl.recipes.children import Child, core_share, run_at_once, steps_done
+from seekrl.recipes.children import Child, available_memory_gib, core_share, run_at_once, steps_done
 from seekrl.recipes.hotpotqa_results import results_markdown, support_rows, two_way_rows, type_rows
 from seekrl.recipes.hotpotqa_scores import (answer_options, em_by_type, eval_answers, paired_bootstrap,
                                             question_types, search_support, two_way_guesses)
@@ -279,7 +279,23 @@ def check_config(config: str, overrides: list[str]) -> Config:
                               "(it builds .venv-vllm) or name its interpreter with engine.server_python")
     if engine:
         load_config(config, [*overrides, *engine, unbuilt])
+    check_seed_memory(cfg)
     return cfg
+
+
+def check_seed_memory(cfg: Config, n: int | None = None, available: float | None = None) -> None:
+    """With demo.grpo_parallel > 1: `n` seeds at once (default: a whole group,
+    min(demo.grpo_parallel, seeds)) must fit the machine's available memory, demo.seed_memory_gib
+    each (`available`: GiB, default Linux MemAvailable; unknown: no check)."""
+    d = cfg.demo
+    n = min(d.grpo_parallel, len(d.grpo_seeds)) if n is None else n
+    if n < 2 or d.seed_memory_gib <= 0:
+        return
+    available = available_memory_gib() if available is None else available
+    if available is not None and n * d.seed_memory_gib > available:
+        raise ConfigError(f"demo.grpo_parallel={d.grpo_parallel} runs {n} GRPO seeds at once, about {n * d.seed_memory_gib:.1f} GiB at their peak "
+                          f"({n} x demo.seed_memory_gib={d.seed_memory_gib:g}), and {available:.1f} GiB is available: lower demo.grpo_parallel, "
+                          f"free memory, or set demo.seed_memory_gib to what one seed of your setting takes (0: no check)")
 
 
 def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[str] = ()) -> dict:
@@ -468,6 +484,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
                 evals[name] = evaluate(name, str(model), "heldout")
             continue
         if todo:  # demo.grpo_parallel: the group's seeds at once, each a `seekrl train` with its share of the cores
+            check_seed_memory(cfg0, len(todo))  # again, now: what the stages before hold is freed or still held
             _at_once(console, timings, timings_path, " + ".join(m[0] for m in todo), [
                 Child(name, [sys.executable, "-m", "seekrl.cli", "train", config, *over], out_dir / f"{name}.log",
                       done=steps_done(out_dir / name), total=c.train.steps) for name, over, _, c in todo])

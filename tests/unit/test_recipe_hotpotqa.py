@@ -295,6 +295,39 @@ def test_recipe_checks_its_config_before_any_stage_including_options_that_need_t
     assert not (tmp_path / "out" / "index").exists()
 
 
+def test_seeds_at_once_must_fit_the_available_memory_before_any_stage(tmp_path, monkeypatch):
+    """demo.grpo_parallel > 1: min(grpo_parallel, seeds) x demo.seed_memory_gib must fit Linux's
+    MemAvailable, checked before the first stage with a one-line error that names the fix; one seed
+    at a time, or demo.seed_memory_gib=0, is not checked."""
+    import seekrl.recipes.hotpotqa as recipe
+    from seekrl.config import ConfigError
+    from seekrl.recipes.children import available_memory_gib
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   16777216 kB\n")
+    assert available_memory_gib(meminfo) == 16.0
+    assert available_memory_gib(tmp_path / "none") is None
+    meminfo.write_text("MemTotal:       24000000 kB\n")
+    assert available_memory_gib(meminfo) is None
+    monkeypatch.setattr(recipe, "available_memory_gib", lambda: 16.0)
+    over = [f"tools.retriever={tmp_path / 'index'}", "demo.grpo_engine=local"]
+    for ok in (["demo.grpo_parallel=1"], ["demo.grpo_parallel=2", "demo.grpo_seeds=[0]"], ["demo.grpo_parallel=2", "demo.seed_memory_gib=8"],
+               ["demo.grpo_parallel=3", "demo.seed_memory_gib=0"]):
+        recipe.check_config(str(recipe.DEFAULT_CONFIG), [*over, *ok])
+    with pytest.raises(ConfigError, match=r"^demo.grpo_parallel=3 runs 3 GRPO seeds at once, about 33.0 GiB at their peak "
+                                          r"\(3 x demo.seed_memory_gib=11\), and 16.0 GiB is available: lower demo.grpo_parallel"):
+        recipe.check_config(str(recipe.DEFAULT_CONFIG), [*over, "demo.grpo_parallel=3"])
+    with pytest.raises(ConfigError, match="about 22.0 GiB"):  # the shipped three seeds in pairs
+        recipe.check_config(str(recipe.DEFAULT_CONFIG), [*over, "demo.grpo_parallel=2"])
+    cfg = recipe.check_config(str(recipe.DEFAULT_CONFIG), [*over, "demo.grpo_parallel=2", "demo.seed_memory_gib=8"])
+    recipe.check_seed_memory(cfg, 1, available=1.0)  # the last group of one seed: no check
+    with pytest.raises(ConfigError, match="about 16.0 GiB .* 15.9 GiB is available"):  # just over
+        recipe.check_seed_memory(cfg, 2, available=15.9)
+    with pytest.raises(ConfigError, match="demo.grpo_parallel"):  # the recipe fails before its first stage
+        recipe.run(str(tmp_path / "out"), None, ["demo.grpo_engine=local", "demo.grpo_parallel=3"])
+    assert not (tmp_path / "out" / "index").exists()
+
+
 def test_grpo_engine_vllm_samples_only_grpo_on_a_server_and_is_checked_before_any_stage(tmp_path, monkeypatch):
     """demo.grpo_engine=vllm gives the GRPO stages one vLLM server each (with --max-model-len
     model.max_context unless server_args has it) and nothing else; the recipe checks that vLLM is
