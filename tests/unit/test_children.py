@@ -47,6 +47,22 @@ def test_children_run_at_once_with_their_share_of_threads(tmp_path):
         assert (tmp_path / f"{n}.log").read_text().splitlines() == ["threads 3 3", "done"]
 
 
+def test_a_childs_next_commands_start_when_its_last_one_ends_not_when_the_others_do(tmp_path):
+    quick = _child(tmp_path, "quick", STAMPS, 0.2)
+    quick.then = [[sys.executable, "-c", STAMPS, str(tmp_path / "quick2"), "0.2"]]
+    slow = _child(tmp_path, "slow", STAMPS, 3.0)
+    ended = run_at_once([quick, slow], threads=1, poll_s=0.05)
+    stamp = {n: float((tmp_path / n).read_text()) for n in ("quick.end", "quick2.start", "quick2.end", "slow.end")}
+    assert stamp["quick.end"] <= stamp["quick2.start"] < stamp["quick2.end"] < stamp["slow.end"]  # after its own, before the other's end
+    assert (tmp_path / "quick.log").read_text().splitlines() == ["threads 1 1", "done"] * 2  # one log, appended to
+    assert ended["quick"] < ended["slow"]  # its wall time runs to the end of its last command
+    bad = _child(tmp_path, "bad", STAMPS, 0.1)
+    bad.then = [[sys.executable, "-c", "import sys; print('eval: no model', flush=True); sys.exit(2)"], [sys.executable, "-c", STAMPS, str(tmp_path / "never"), "0"]]
+    with pytest.raises(ChildFailed, match=r"^bad \(command 2 of 3\) exited with code 2: eval: no model"):
+        run_at_once([bad], threads=1, poll_s=0.05, grace_s=5)
+    assert not (tmp_path / "never.start").exists()  # a failed command stops its child's next ones
+
+
 def test_a_failing_child_stops_the_others_and_what_they_started(tmp_path):
     sleeper = ("import subprocess, sys, time\n"
                "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
@@ -99,6 +115,42 @@ def test_what_a_killed_child_left_running_in_its_own_session_is_stopped(tmp_path
     assert _is_subreaper() == was  # this process's setting is given back
 
 
+RUNNER = """
+import sys
+sys.path.insert(0, {root!r})
+from seekrl.recipes.children import Child, run_at_once
+from pathlib import Path
+sleeper = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+run_at_once([Child("s", [sys.executable, "-c", sleeper, {pid!r}], Path({log!r}))], threads=1, poll_s=0.05, grace_s=5)
+"""
+
+
+def test_a_sigterm_of_the_runner_stops_its_children(tmp_path):
+    """`kill PID` of a recipe (not only Ctrl-C) stops the seeds it runs: SIGTERM becomes a
+    SystemExit inside run_at_once, so its stopping runs; the child does not outlive it."""
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    import seekrl
+
+    root = str(Path(seekrl.__file__).parents[1])
+    pid_file = tmp_path / "s.pid"
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER.format(root=root, pid=str(pid_file), log=str(tmp_path / "s.log"))])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.monotonic() < deadline and runner.poll() is None
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=60) != 0
+        assert not _alive(child)  # stopped, not orphaned
+    finally:
+        runner.kill()
+        runner.wait(timeout=10)
+
+
 def test_a_child_past_the_timeout_is_stopped(tmp_path):
     kids = [_child(tmp_path, "quick", STAMPS, 0.1), _child(tmp_path, "stuck", STAMPS, 120)]
     with pytest.raises(ChildFailed, match=r"^stuck did not finish within 2 s: threads 1 1 \(log: "):
@@ -135,7 +187,9 @@ def test_core_sets_split_the_cores_in_order(monkeypatch):
     assert core_sets(1) == [[0, 1, 2, 3, 6]]
     assert core_sets(2) == [[0, 1], [2, 3]]  # 5 cores for 2: 2 each (core_share), disjoint
     assert core_sets(5) == [[0], [1], [2], [3], [6]]
-    assert core_sets(7) == [[0], [1], [2], [3], [6], [0], [1]]  # more processes than cores: in turn
+    # more processes than cores: every one on every core, the kernel shares them out (pinned in turn, 3 on 2 cores
+    # would give one a core of its own and two half a core each)
+    assert core_sets(7) == [[0, 1, 2, 3, 6]] * 7
 
 
 AFFINITY = """

@@ -252,6 +252,7 @@ def test_vllm_nccl_calls():
 def test_vllm_server_command(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     argv, env = VLLMAPI().server_command("/run/engine/weights/v0", "127.0.0.1", 8001, ["--dtype", "bfloat16"])
     # the module, not the `vllm` script: the CPU build's distribution is `vllm-cpu`, which the script's lookup misses
@@ -264,6 +265,10 @@ def test_vllm_server_command(monkeypatch):
         assert "VLLM_CPU_KVCACHE_SPACE" not in VLLMAPI().server_command("/m", "127.0.0.1", 1, flags)[1]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
     assert VLLMAPI().server_command("/m", "127.0.0.1", 1, [])[1]["VLLM_CPU_OMP_THREADS_BIND"] == "0,2,5"
+    # fewer threads than cores (three seeds sharing two cores): unbound, OMP_NUM_THREADS threads; as many or more: bound
+    for threads, bind in (("1", "nobind"), ("2", "nobind"), ("3", "0,2,5"), ("8", "0,2,5"), ("", "0,2,5"), ("x", "0,2,5")):
+        monkeypatch.setenv("OMP_NUM_THREADS", threads)
+        assert VLLMAPI().server_command("/m", "127.0.0.1", 1, [])[1]["VLLM_CPU_OMP_THREADS_BIND"] == bind, threads
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")  # the caller's choice stands (inherited by the server)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     assert not {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"} & set(VLLMAPI().server_command("/m", "127.0.0.1", 1, [])[1])

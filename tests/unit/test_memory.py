@@ -51,8 +51,41 @@ def test_resident_and_release_metrics_in_this_process():
         pytest.skip("no /proc here")
     assert 0.01 < rss < 64
     m = memory.release()
-    assert set(m) == {"memory/rss_gib", "memory/trimmed_gib"}
+    assert {"memory/rss_gib", "memory/trimmed_gib"} <= set(m) <= {"memory/rss_gib", "memory/trimmed_gib", "memory/peak_rss_gib"}
     assert 0.01 < m["memory/rss_gib"] <= rss + 0.05 and m["memory/trimmed_gib"] >= 0
+
+
+PEAK = """
+import json, sys
+sys.path.insert(0, {root!r})
+from seekrl import memory
+first = memory.release()
+big = bytearray(300 * 2**20)  # zero-filled by the kernel on touch: write every page
+for i in range(0, len(big), 4096):
+    big[i] = 1
+del big
+step = memory.release()  # the step that held 300 MiB
+quiet = memory.release()  # a step that held nothing more
+print(json.dumps({{"first": first, "step": step, "quiet": quiet}}))
+"""
+
+
+def test_the_peak_metric_is_each_steps_own_high_water_mark():
+    import pathlib
+
+    if memory.resident_gib() is None:
+        pytest.skip("no /proc here")
+    root = str(pathlib.Path(memory.__file__).parents[1])
+    out = subprocess.run([sys.executable, "-c", PEAK.format(root=root)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)
+    if not memory._reset_peak():
+        assert "memory/peak_rss_gib" not in m["step"]  # no per-step peak where the mark cannot be reset
+        return
+    assert "memory/peak_rss_gib" not in m["first"]  # the first call has no step before it
+    held = m["step"]["memory/peak_rss_gib"]
+    assert held >= m["step"]["memory/rss_gib"] + 0.25, m  # the 300 MiB it held, gone by the step's end
+    assert m["quiet"]["memory/peak_rss_gib"] < held - 0.25, m  # the mark was reset: the next step's own peak
 
 
 def test_an_explicit_malloc_arena_max_wins(monkeypatch):
