@@ -235,9 +235,9 @@ def run_at_once(children: list[Child], threads: int, console: Console | None = N
                 os.sched_setaffinity(0, own)
 
     try:
-        for i, c in enumerate(children):
-            procs.append(launch(i, c.argv, "w"))
         with progress, terminate_as_exit(grace_s + 30):  # a SIGTERM of this process stops them too
+            for i, c in enumerate(children):
+                procs.append(launch(i, c.argv, "w"))
             bars = [progress.add_task(c.name, total=c.total) for c in children]
             while len(ended) < len(children):
                 for i, (c, bar) in enumerate(zip(children, bars)):

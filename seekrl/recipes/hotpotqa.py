@@ -385,6 +385,11 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
     def eval_over(name: str, model: str, questions: str) -> list[str]:
         return [*paths, *overrides, f"model.path={model}", f"data.eval={files[questions]}", f"log.name={name}"]
 
+    def heldout_eval(name: str, model: str) -> list[str]:
+        """The command line of a seed's eval on the held-out questions, as a child runs it (printed as its stage)."""
+        stage(f"eval {name}", cmd("eval", config, *eval_over(name, model, "heldout")))
+        return [sys.executable, "-m", "seekrl.cli", "eval", config, *eval_over(name, model, "heldout")]
+
     def evaluate(name: str, model: str, questions: str) -> dict:
         ev = eval_over(name, model, questions)
         stage(f"eval {name}", cmd("eval", config, *ev))
@@ -486,23 +491,17 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         if todo:  # demo.grpo_parallel: the group's seeds at once, each a `seekrl train` with its share of the cores,
             # then its eval on the held-out questions on the same cores, while the others may still train
             check_seed_memory(cfg0, len(todo))  # again, now: what the stages before hold is freed or still held
-            for name, _, model, _ in todo:
-                stage(f"eval {name}", cmd("eval", config, *eval_over(name, str(model), "heldout")))
             _at_once(console, timings, timings_path, " + ".join(m[0] for m in todo) + ", each then its eval", [
                 Child(name, [sys.executable, "-m", "seekrl.cli", "train", config, *over], out_dir / f"{name}.log",
-                      done=steps_done(out_dir / name), total=c.train.steps,
-                      then=[[sys.executable, "-m", "seekrl.cli", "eval", config, *eval_over(name, str(model), "heldout")]])
+                      done=steps_done(out_dir / name), total=c.train.steps, then=[heldout_eval(name, str(model))])
                 for name, over, model, c in todo])
-        stale = []  # the evals still to run (of seeds trained before): at once too
-        for name, _, model, _ in members:
-            if not _evaluated(out_dir / name / "eval", str(model), files["heldout"]):
-                stage(f"eval {name}", cmd("eval", config, *eval_over(name, str(model), "heldout")))
+        stale = [m[0] for m in members if not _evaluated(out_dir / m[0] / "eval", str(m[2]), files["heldout"])]
+        if stale:  # the evals still to run (of seeds trained before): at once too
+            for name in stale:
                 (out_dir / name / "eval" / "eval.json").unlink(missing_ok=True)
-                stale.append((name, str(model)))
-        if stale:
-            _at_once(console, timings, timings_path, "eval " + " + ".join(n for n, _ in stale), [
-                Child(f"eval {name}", [sys.executable, "-m", "seekrl.cli", "eval", config, *eval_over(name, model, "heldout")],
-                      out_dir / f"{name}.eval.log") for name, model in stale])
+            _at_once(console, timings, timings_path, "eval " + " + ".join(stale), [
+                Child(f"eval {name}", heldout_eval(name, str(model)), out_dir / f"{name}.eval.log")
+                for name, _, model, _ in members if name in stale])
         for name, *_ in members:
             evals[name] = json.loads((out_dir / name / "eval" / "eval.json").read_text())
     first = next(iter(runs))
