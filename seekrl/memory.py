@@ -15,7 +15,9 @@ the live tensors hold:
   process does not carry one stage's free pages into the next. Measured on SmolLM2-135M GRPO (the
   HotpotQA recipe's branch configuration, one step of 16 episodes x 4 answers, 2-core CPU): 4.49
   GiB resident after the step, 1.61 GiB after the trim, 1.10 GiB of it live tensors
-  (BENCHMARKS.md, "Resident memory").
+  (BENCHMARKS.md, "Resident memory"). A vLLM worker seekrl starts calls it after each weight load
+  (engines/vllm_worker.py). `SEEKRL_MALLOC_TRIM=0` in the environment turns the trim off everywhere
+  (the figures are still read): a benchmark's arm without it, or a process with another allocator.
 
 - PyTorch's own transparent-huge-page switch (`THP_MEM_ALLOC_ENABLE=1`) is left to the user: on
   SmolLM2 SFT and GRPO on a 2-core CPU it cut page faults 2.4-2.6x but doubled the kernel's share of
@@ -85,6 +87,8 @@ def _reset_peak() -> bool:
         return False
 
 
+TRIM_ENV = "SEEKRL_MALLOC_TRIM"  # "0": release() leaves glibc's free pages where they are (a benchmark's
+# arm without the trim, or a process that preloads another allocator)
 _PEAK_SINCE_RELEASE = [False]  # whether VmHWM was reset at the last release(): its peak is then the step's
 
 
@@ -93,11 +97,12 @@ def release() -> dict[str, float]:
     `memory/rss_gib` (resident after it), `memory/trimmed_gib` (what it gave back) and
     `memory/peak_rss_gib` (the most resident since the last call: a step's peak, which is what
     sizes the memory several runs at once need; from the second call on, and only where the
-    high-water mark can be reset), or {} where the resident set cannot be read."""
+    high-water mark can be reset), or {} where the resident set cannot be read. With
+    SEEKRL_MALLOC_TRIM=0 in the environment it trims nothing and only reads the figures."""
     peak = _status_gib("VmHWM") if _PEAK_SINCE_RELEASE[0] else None
     before = resident_gib()
     libc = _libc()
-    if libc is not None:
+    if libc is not None and os.environ.get(TRIM_ENV, "1") != "0":
         libc.malloc_trim(0)
     after = resident_gib()
     _PEAK_SINCE_RELEASE[0] = _reset_peak()

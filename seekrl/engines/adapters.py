@@ -406,6 +406,11 @@ class VLLMAPI:
     # rollout used at most 13% of it (33 requests at once), a 100-question eval on it 67%. With 2 GiB two seeds at once
     # ran out of 24 GiB (BENCHMARKS.md, "Several runs on one CPU")
     CPU_KVCACHE_GIB: ClassVar[int] = 1
+    # oneDNN's global primitive cache (1,024 by default) keeps a primitive for every matmul shape a CPU server meets,
+    # and a rollout's prompts bring new shapes without end: a SmolLM2 worker grew 1.70 -> 2.48 GiB in 10 rounds of 64
+    # completions, with 8 it held 1.66 -> 1.78 (vLLM's own GEMM handlers keep 32 shapes each; BENCHMARKS.md, "vLLM
+    # worker memory")
+    ONEDNN_PRIMITIVE_CACHE: ClassVar[int] = 8
     WORKER_EXTENSION: ClassVar[str] = "seekrl.engines.vllm_worker.SeekrlWorkerExtension"
     LOAD_METHOD: ClassVar[str] = "load_weights_from_folder"
     NCCL_SERVER_ARGS: ClassVar[tuple[str, ...]] = ("--weight-transfer-config", '{"backend": "nccl"}')
@@ -550,7 +555,10 @@ class VLLMAPI:
         (CPU_KVCACHE_GIB unless the environment or a --kv-cache-memory-bytes /
         --gpu-memory-utilization flag says otherwise): without a size, the CPU build reserves
         gpu_memory_utilization (0.92) of the node's RAM and refuses to start when other processes
-        use more than 8% of it; with one it also skips its warm-up pass. GPU builds ignore it."""
+        use more than 8% of it; with one it also skips its warm-up pass. GPU builds ignore it.
+        oneDNN's global primitive cache holds ONEDNN_PRIMITIVE_CACHE primitives unless the
+        environment sets ONEDNN_PRIMITIVE_CACHE_CAPACITY: at its default of 1,024 a CPU worker grows
+        with every new batch shape."""
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", host,
                 "--port", str(int(port)), "--logprobs-mode", self.LOGPROBS_MODE,
                 "--worker-extension-cls", self.WORKER_EXTENSION, *extra_args]
@@ -560,6 +568,8 @@ class VLLMAPI:
         sized = any(a.split("=", 1)[0] in ("--kv-cache-memory-bytes", "--gpu-memory-utilization") for a in extra_args)
         if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not sized:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.CPU_KVCACHE_GIB)
+        if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ:
+            env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(self.ONEDNN_PRIMITIVE_CACHE)
         return argv, env
 
 

@@ -253,14 +253,17 @@ def test_vllm_server_command(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     argv, env = VLLMAPI().server_command("/run/engine/weights/v0", "127.0.0.1", 8001, ["--dtype", "bfloat16"])
     # the module, not the `vllm` script: the CPU build's distribution is `vllm-cpu`, which the script's lookup misses
     assert argv == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/run/engine/weights/v0",
                     "--host", "127.0.0.1", "--port", "8001", "--logprobs-mode", "processed_logprobs",
                     "--worker-extension-cls", "seekrl.engines.vllm_worker.SeekrlWorkerExtension", "--dtype", "bfloat16"]
-    # a core range (vLLM refuses "all"); a KV cache size (else the CPU build wants 92% of the RAM free)
-    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # a core range (vLLM refuses "all"); a KV cache size (else the CPU build wants 92% of the RAM free); a small
+    # oneDNN primitive cache (at 1,024 the worker grows with every new batch shape)
+    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_KVCACHE_SPACE": "1",
+                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8"}
     for flags in (["--kv-cache-memory-bytes", "1000000000"], ["--gpu-memory-utilization=0.5"]):  # sized by a flag: no env
         assert "VLLM_CPU_KVCACHE_SPACE" not in VLLMAPI().server_command("/m", "127.0.0.1", 1, flags)[1]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
@@ -271,7 +274,8 @@ def test_vllm_server_command(monkeypatch):
         assert VLLMAPI().server_command("/m", "127.0.0.1", 1, [])[1]["VLLM_CPU_OMP_THREADS_BIND"] == bind, threads
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")  # the caller's choice stands (inherited by the server)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
-    assert not {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"} & set(VLLMAPI().server_command("/m", "127.0.0.1", 1, [])[1])
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")
+    assert not {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"} & set(VLLMAPI().server_command("/m", "127.0.0.1", 1, [])[1])
 
 
 def test_vllm_on_a_cpu_prefills_whole_prompts():
@@ -350,6 +354,18 @@ def test_worker_extension_prefers_vllms_reload_weights(tmp_path):
     worker = Worker()
     assert worker.load_weights_from_folder(str(tmp_path)) == 3
     assert worker.reloaded == (set(tensors), True) and worker.model_runner.model.loaded == {}
+
+
+def test_worker_extension_gives_free_memory_back_after_each_load(tmp_path, monkeypatch):
+    import seekrl.engines.vllm_worker as vllm_worker
+
+    _weights_folder(tmp_path)
+    worker = _FakeWorker()
+    released = []  # how many tensors the model held when release() ran: after the load, not before
+    monkeypatch.setattr(vllm_worker, "release", lambda: released.append(len(worker.model_runner.model.loaded)) or {})
+    worker.load_weights_from_folder(str(tmp_path))
+    worker.load_weights_from_folder(str(tmp_path))
+    assert released == [3, 3]
 
 
 def test_worker_extension_needs_safetensors_files(tmp_path):

@@ -102,3 +102,21 @@ def test_an_explicit_malloc_arena_max_wins(monkeypatch):
     monkeypatch.delenv("MALLOC_ARENA_MAX")
     memory.limit_malloc_arenas(3)
     assert calls == [(-8, 3)]
+
+
+def test_seekrl_malloc_trim_0_leaves_the_free_pages_and_still_reports(monkeypatch):
+    trims = []
+
+    class Libc:
+        def malloc_trim(self, pad):
+            trims.append(pad)
+
+    monkeypatch.setattr(memory, "_libc", lambda: Libc())
+    monkeypatch.setenv(memory.TRIM_ENV, "0")
+    m = memory.release()
+    assert trims == []
+    if memory.resident_gib() is not None:
+        assert m["memory/trimmed_gib"] >= 0 and m["memory/rss_gib"] > 0
+    monkeypatch.delenv(memory.TRIM_ENV)
+    memory.release()
+    assert trims == [0]
