@@ -109,20 +109,11 @@ def _worker(mem: dict[str, float]) -> float:
     return max((v for k, v in mem.items() if "Worker" in k), default=max(mem.values(), default=0.0))
 
 
-def run_arm(name: str, env: dict[str, str], args, core: int | None, words: list[str], log_dir: Path) -> dict:
-    api = get_api("vllm")
+def run_arm(name: str, env: dict[str, str], args, core: int | None, ids: list[int], log_dir: Path) -> dict:
     port = free_port()
     extra = ["--max-model-len", "1280", "--kv-cache-memory-bytes", str(args.kv_bytes), "--dtype", "bfloat16",
              "--no-enable-chunked-prefill"]
-    prev = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # the adapter then asks for one unbound thread (nobind)
-    try:
-        argv, base_env = api.server_command(args.model, "127.0.0.1", port, extra)
-    finally:
-        if prev is None:
-            os.environ.pop("OMP_NUM_THREADS")
-        else:
-            os.environ["OMP_NUM_THREADS"] = prev
+    argv, base_env = get_api("vllm").server_command(args.model, "127.0.0.1", port, extra)  # OMP_NUM_THREADS=1: nobind
     argv = [args.vllm_python, *argv[1:]]
     if core is not None:
         argv = ["taskset", "-c", str(core), *argv]
@@ -137,12 +128,12 @@ def run_arm(name: str, env: dict[str, str], args, core: int | None, words: list[
             def complete(k: int) -> None:
                 rnd = random.Random(k)
                 n = rnd.randrange(150, 1150)
-                start = rnd.randrange(len(words) - n)
-                body = {"model": args.model, "prompt": words[start:start + n], "max_tokens": rnd.randrange(8, 64),
+                start = rnd.randrange(len(ids) - n)
+                body = {"model": args.model, "prompt": ids[start:start + n], "max_tokens": rnd.randrange(8, 64),
                         "temperature": 1.0, "logprobs": 1, "seed": k}
-                r = client.post(url + "/v1/completions", json=body)
-                if r.status_code != 200:
-                    raise RuntimeError(f"{name}: /v1/completions answered {r.status_code}: {r.text[:300]}")
+                resp = client.post(url + "/v1/completions", json=body)
+                if resp.status_code != 200:
+                    raise RuntimeError(f"{name}: /v1/completions answered {resp.status_code}: {resp.text[:300]}")
 
             for r in range(args.rounds):
                 with concurrent.futures.ThreadPoolExecutor(32) as pool:
@@ -192,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     if not Path(args.vllm_python).exists():
         raise SystemExit(f"{args.vllm_python} does not exist: run `make vllm` first, or pass --vllm-python")
     cores = sorted(os.sched_getaffinity(0))
+    os.environ["OMP_NUM_THREADS"] = "1"  # each server one thread (the adapter then asks vLLM for it unbound)
     with tempfile.TemporaryDirectory(prefix="vllm_worker_memory_") as tmp:
         if not args.model:
             args.model = _default_model(Path(tmp) / "model")
@@ -200,14 +192,14 @@ def main(argv: list[str] | None = None) -> None:
         from transformers import AutoTokenizer
 
         text = (ROOT / "README.md").read_text() + (ROOT / "docs" / "ARCHITECTURE.md").read_text()
-        words = AutoTokenizer.from_pretrained(args.model)(text)["input_ids"]  # prompts are windows of these ids
+        ids = AutoTokenizer.from_pretrained(args.model)(text)["input_ids"]  # prompts are windows of these ids
         log_dir = Path(tmp) / "logs"
         t0 = time.monotonic()
         results = []
         for b in range(0, len(arms), len(cores)):  # as many at once as there are cores, a core each
             batch = arms[b:b + len(cores)]
             with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
-                futs = [pool.submit(run_arm, a, ARMS[a], args, cores[i], words, log_dir) for i, a in enumerate(batch)]
+                futs = [pool.submit(run_arm, a, ARMS[a], args, cores[i], ids, log_dir) for i, a in enumerate(batch)]
                 results += [f.result() for f in futs]
         wall = time.monotonic() - t0
     print(f"\n{args.rounds} rounds of {args.per_round} completions{', each then a weight reload' if args.reload else ''}; "

@@ -17,11 +17,13 @@ tensor in memory beyond the model. Inside vLLM the tensors go through the Worker
 post-load processing of quantised layers, then resets LoRA / encoder / multimodal caches).
 Without it (an older vLLM, or a test double) they go to `model_runner.model.load_weights`.
 
-After each load the worker gives glibc's free pages back (`seekrl.memory.release`, malloc_trim):
-a vLLM CPU worker's heap grows with sampling, not with reloads (a SmolLM2 worker grew 0.09 GiB
-every 64 completions, 1.55 to 2.85 GiB in 14 rounds, and one trim then gave 0.67 GiB back;
-bench/vllm_worker_memory.py, BENCHMARKS.md "vLLM worker memory"), and a GRPO run reloads once a
-step, between one step's sampling and the next. SEEKRL_MALLOC_TRIM=0 leaves it out.
+After each load the worker gives glibc's free pages back (`seekrl.memory.release`, malloc_trim).
+A vLLM CPU worker grows with sampling, not with reloads: with every new batch shape oneDNN caches
+a primitive (the adapter caps that cache, adapters.py), and glibc keeps what was freed. A GRPO run
+reloads once a step, between one step's sampling and the next, so the trim runs once a step.
+Measured on a SmolLM2 worker, 16 rounds of 64 completions and a reload: 1.45 GiB flat, against
+1.56 -> 2.85 GiB with neither (bench/vllm_worker_memory.py; BENCHMARKS.md, "vLLM worker memory").
+SEEKRL_MALLOC_TRIM=0 leaves the trim out.
 
 Nothing from vLLM is imported here, so this module imports (and its tests run) on a CPU machine
 without vLLM: `python -m pytest tests/unit/test_engine_adapters.py -q`.
