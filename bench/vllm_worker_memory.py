@@ -99,9 +99,9 @@ def _memory(server_pid: int) -> dict[str, float]:
     """Resident GiB of each process of the server by name (VLLM::Worker, VLLM::EngineCore, python...)."""
     out: dict[str, float] = {}
     for p in _descendants(server_pid):
-        rss = _rss_gib(p)
+        rss, name = _rss_gib(p), _name(p)
         if rss is not None:
-            out[_name(p)] = round(out.get(_name(p), 0.0) + rss, 3)
+            out[name] = round(out.get(name, 0.0) + rss, 3)
     return out
 
 

@@ -387,8 +387,9 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
 
     def heldout_eval(name: str, model: str) -> list[str]:
         """The command line of a seed's eval on the held-out questions, as a child runs it (printed as its stage)."""
-        stage(f"eval {name}", cmd("eval", config, *eval_over(name, model, "heldout")))
-        return [sys.executable, "-m", "seekrl.cli", "eval", config, *eval_over(name, model, "heldout")]
+        ev = eval_over(name, model, "heldout")
+        stage(f"eval {name}", cmd("eval", config, *ev))
+        return [sys.executable, "-m", "seekrl.cli", "eval", config, *ev]
 
     def evaluate(name: str, model: str, questions: str) -> dict:
         ev = eval_over(name, model, questions)
