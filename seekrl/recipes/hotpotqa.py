@@ -46,7 +46,8 @@ by hand); a rerun with the same folder skips every stage whose output is complet
 7. grpo    GRPO with search from the SFT checkpoint, one run per `demo.grpo_seeds` (seekrl train);
            with `demo.grpo_engine=vllm` each run samples on a vLLM server it starts and stops
            (`grpo_engine_overrides`), while every eval samples in-process; `demo.grpo_dtype` is
-           the GRPO stages' engine.dtype only (e.g. a bf16 vLLM server, fp32 evals)
+           the GRPO stages' engine.dtype only (e.g. a bf16 vLLM server, fp32 evals) and
+           `demo.grpo_micro_batch_tokens` their train.micro_batch_tokens (`grpo_overrides`)
 8. eval    the GRPO model on the held-out questions, then on the check questions (seekrl eval);
            with `demo.grpo_parallel` N > 1, N seeds train at once, each a child `seekrl train`
            with its share of the cores (recipes/children.py), then their evals run at once
@@ -85,7 +86,7 @@ from seekrl.recipes.hotpotqa_results import results_markdown, support_rows, two_
 from seekrl.recipes.hotpotqa_scores import (answer_options, em_by_type, eval_answers, paired_bootstrap,
                                             question_types, search_support, two_way_guesses)
 
-__all__ = ["run", "check_config", "grpo_engine_overrides", "hotpotqa_split", "sft_share_split", "retrievable_rows", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support", "learning_curve",
+__all__ = ["run", "check_config", "grpo_engine_overrides", "grpo_overrides", "hotpotqa_split", "sft_share_split", "retrievable_rows", "curriculum_counts", "paired_bootstrap", "supported_episode", "question_types", "em_by_type", "answer_options", "two_way_guesses", "search_support", "learning_curve",
            "check_from_curve", "DEFAULT_CONFIG", "SPLIT_KEY"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "hotpotqa_smollm2_recipe.yaml"
@@ -259,12 +260,20 @@ def grpo_engine_overrides(cfg: Config) -> list[str]:
     return [*dtype, "engine.servers=1", "engine.server_kind=vllm", f"engine.server_args={json.dumps(args)}"]
 
 
+def grpo_overrides(cfg: Config) -> list[str]:
+    """Every key the GRPO stages set beyond the recipe's config: its engine keys
+    (`grpo_engine_overrides`) and, with demo.grpo_micro_batch_tokens, their
+    train.micro_batch_tokens (SFT keeps the config's)."""
+    micro = [f"train.micro_batch_tokens={cfg.demo.grpo_micro_batch_tokens}"] if cfg.demo.grpo_micro_batch_tokens else []
+    return [*grpo_engine_overrides(cfg), *micro]
+
+
 def check_config(config: str, overrides: list[str]) -> Config:
     """The recipe's config with its overrides, every check run before any stage: the index the
     stages build does not exist yet, so the retriever is checked as a server URL would be (the
     index folder is checked once built), and the options that need the search tool
-    (rollout.answer_branches, tools.format) are checked with it. The GRPO stages' engine keys
-    (`grpo_engine_overrides`) are checked too: with demo.grpo_engine=vllm, vLLM installed and its
+    (rollout.answer_branches, tools.format) are checked with it. The GRPO stages' own keys
+    (`grpo_overrides`) are checked too: with demo.grpo_engine=vllm, vLLM installed and its
     config rules (no top-p, no top-k)."""
     import importlib.util
 
@@ -272,7 +281,7 @@ def check_config(config: str, overrides: list[str]) -> Config:
 
     unbuilt = "tools.retriever=http://127.0.0.1:1/retrieve"
     cfg = load_config(config, [*overrides, unbuilt])
-    engine = grpo_engine_overrides(cfg)
+    engine = grpo_overrides(cfg)
     if cfg.demo.grpo_engine == "vllm":
         if not (cfg.engine.server_python or default_server_python() or importlib.util.find_spec("vllm")):
             raise ConfigError("demo.grpo_engine=vllm samples GRPO on a vLLM server, and vLLM is not installed: run `make vllm` "
@@ -475,7 +484,7 @@ def run(out: str = "runs/hotpotqa", config: str | None = None, overrides: list[s
         for i, seed in group:
             name = "grpo" if i == 0 else f"grpo_s{seed}"
             curve = i == 0 and d.check_every > 0  # the first seed's learning curve on the check questions
-            rl_over = [*paths, *overrides, *grpo_engine_overrides(cfg0), f"model.path={sft_model}", f"train.seed={seed}", f"log.name={name}", "train.resume=auto",
+            rl_over = [*paths, *overrides, *grpo_overrides(cfg0), f"model.path={sft_model}", f"train.seed={seed}", f"log.name={name}", "train.resume=auto",
                        f"data.train={grpo_train}", *curriculum_over, *ptx_over,
                        *([f"data.eval={files['curve']}", f"eval.every={d.check_every}"] if curve else ["data.eval=null"])]
             rl_cfg = load_config(config, rl_over)

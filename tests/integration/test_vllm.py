@@ -226,10 +226,14 @@ def test_recipe_grpo_on_vllm_and_its_evals_in_process(tmp_path):
              "demo.check_questions=6", "demo.sft_steps=2", "demo.sft_batch_size=4", "train.steps=2", "train.save_every=1",
              "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_new_tokens=8", "log.progress=false",
              "log.tensorboard=false", "model.freeze_layers=0", "demo.grpo_seeds=[0]", "demo.check_every=0",
-             "demo.sft_precision=fp32", "demo.grpo_engine=vllm"]
+             "demo.sft_precision=fp32", "demo.grpo_engine=vllm", "demo.grpo_parallel=1"]
     assert main(["demo", "--recipe", "hotpotqa_smollm2", "--out", str(out), *small]) == 0
-    grpo = yaml.safe_load((out / "grpo" / "config.yaml").read_text())["engine"]
-    assert (grpo["servers"], grpo["server_kind"], grpo["server_args"][:1]) == (1, "vllm", ["--max-model-len"])
+    grpo_cfg = yaml.safe_load((out / "grpo" / "config.yaml").read_text())
+    grpo = grpo_cfg["engine"]
+    assert (grpo["servers"], grpo["server_kind"]) == (1, "vllm")
+    assert grpo["server_args"] == ["--kv-cache-memory-bytes", "268435456", "--max-model-len", "1024"]  # the shipped KV cache
+    assert grpo_cfg["train"]["micro_batch_tokens"] == 1024  # demo.grpo_micro_batch_tokens: GRPO's only
+    assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["train"]["micro_batch_tokens"] == 2048
     assert grpo["dtype"] == "bf16_if_native"  # the shipped demo.grpo_dtype: the server's, not the evals' (below)
     for stage in ("grpo", "sft", "check"):  # every eval sampled in the eval's own process
         engine = yaml.safe_load((out / stage / "eval" / "config.yaml").read_text())["engine"]

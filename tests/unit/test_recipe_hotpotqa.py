@@ -276,7 +276,8 @@ def test_recipe_checks_its_config_before_any_stage_including_options_that_need_t
     from seekrl.recipes.hotpotqa import run as run_recipe
 
     over = [f"tools.retriever={tmp_path / 'index'}", "rollout.answer_branches=4", "rollout.branch_temperature=1.0",
-            "demo.grpo_engine=local"]  # the shipped vllm needs `make vllm` (the next test)
+            "demo.grpo_engine=local",  # the shipped vllm needs `make vllm` (the next test)
+            "demo.seed_memory_gib=0"]  # the shipped three seeds at once need 21 GiB free (the test after it)
     cfg = check_config(str(DEFAULT_CONFIG), over)
     assert (cfg.rollout.answer_branches, cfg.tools.format) == (4, "search_r1")
     with pytest.raises(ConfigError, match="rollout.trajectory: 'full' is not one of"):
@@ -311,20 +312,20 @@ def test_seeds_at_once_must_fit_the_available_memory_before_any_stage(tmp_path, 
     assert available_memory_gib(meminfo) is None
     monkeypatch.setattr(recipe, "available_memory_gib", lambda: 16.0)
     over = [f"tools.retriever={tmp_path / 'index'}", "demo.grpo_engine=local"]
-    for ok in (["demo.grpo_parallel=1"], ["demo.grpo_parallel=2", "demo.grpo_seeds=[0]"], ["demo.grpo_parallel=2", "demo.seed_memory_gib=8"],
-               ["demo.grpo_parallel=3", "demo.seed_memory_gib=0"]):
+    for ok in (["demo.grpo_parallel=1"], ["demo.grpo_parallel=3", "demo.grpo_seeds=[0]"], ["demo.grpo_parallel=2"],
+               ["demo.grpo_parallel=2", "demo.seed_memory_gib=8"], ["demo.seed_memory_gib=0"]):
         recipe.check_config(str(recipe.DEFAULT_CONFIG), [*over, *ok])
-    with pytest.raises(ConfigError, match=r"^demo.grpo_parallel=3 runs 3 GRPO seeds at once, about 33.0 GiB at their peak "
-                                          r"\(3 x demo.seed_memory_gib=11\), and 16.0 GiB is available: lower demo.grpo_parallel"):
-        recipe.check_config(str(recipe.DEFAULT_CONFIG), [*over, "demo.grpo_parallel=3"])
-    with pytest.raises(ConfigError, match="about 22.0 GiB"):  # the shipped three seeds in pairs
-        recipe.check_config(str(recipe.DEFAULT_CONFIG), [*over, "demo.grpo_parallel=2"])
+    with pytest.raises(ConfigError, match=r"^demo.grpo_parallel=3 runs 3 GRPO seeds at once, about 21.0 GiB at their peak "
+                                          r"\(3 x demo.seed_memory_gib=7\), and 16.0 GiB is available: lower demo.grpo_parallel"):
+        recipe.check_config(str(recipe.DEFAULT_CONFIG), over)  # the shipped three seeds at once
+    with pytest.raises(ConfigError, match="about 22.0 GiB"):  # in pairs, at 11 GiB a seed
+        recipe.check_config(str(recipe.DEFAULT_CONFIG), [*over, "demo.grpo_parallel=2", "demo.seed_memory_gib=11"])
     cfg = recipe.check_config(str(recipe.DEFAULT_CONFIG), [*over, "demo.grpo_parallel=2", "demo.seed_memory_gib=8"])
     recipe.check_seed_memory(cfg, 1, available=1.0)  # the last group of one seed: no check
     with pytest.raises(ConfigError, match="about 16.0 GiB .* 15.9 GiB is available"):  # just over
         recipe.check_seed_memory(cfg, 2, available=15.9)
     with pytest.raises(ConfigError, match="demo.grpo_parallel"):  # the recipe fails before its first stage
-        recipe.run(str(tmp_path / "out"), None, ["demo.grpo_engine=local", "demo.grpo_parallel=3"])
+        recipe.run(str(tmp_path / "out"), None, ["demo.grpo_engine=local"])
     assert not (tmp_path / "out" / "index").exists()
 
 
@@ -336,10 +337,10 @@ def test_grpo_engine_vllm_samples_only_grpo_on_a_server_and_is_checked_before_an
 
     import seekrl.engines.setup as setup
     from seekrl.config import ConfigError
-    from seekrl.recipes.hotpotqa import DEFAULT_CONFIG, check_config, grpo_engine_overrides
+    from seekrl.recipes.hotpotqa import DEFAULT_CONFIG, check_config, grpo_engine_overrides, grpo_overrides
     from seekrl.recipes.hotpotqa import run as run_recipe
 
-    over = [f"tools.retriever={tmp_path / 'index'}", "demo.grpo_dtype=null"]
+    over = [f"tools.retriever={tmp_path / 'index'}", "demo.grpo_dtype=null", "demo.seed_memory_gib=0"]
     assert grpo_engine_overrides(check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=local"])) == []
     local = check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=local", "demo.grpo_dtype=bf16_if_native"])
     assert grpo_engine_overrides(local) == ["engine.dtype=bf16_if_native"]  # the GRPO stages' dtype only
@@ -348,16 +349,23 @@ def test_grpo_engine_vllm_samples_only_grpo_on_a_server_and_is_checked_before_an
         check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_dtype=bf16"])
     monkeypatch.setattr(setup, "default_server_python", lambda: "/opt/vllm/bin/python")  # as if `make vllm` had run
     cfg = check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=vllm"])
+    kv = ["--kv-cache-memory-bytes", "268435456"]  # the shipped server_args: a 256 MiB KV cache
     assert grpo_engine_overrides(cfg) == ["engine.servers=1", "engine.server_kind=vllm",
-                                          f'engine.server_args=["--max-model-len", "{cfg.model.max_context}"]']
-    shipped = check_config(str(DEFAULT_CONFIG), over[:1])  # the recipe as shipped: a bf16 vLLM server for GRPO
+                                          f'engine.server_args=["{kv[0]}", "{kv[1]}", "--max-model-len", "{cfg.model.max_context}"]']
+    shipped = check_config(str(DEFAULT_CONFIG), [over[0], over[2]])  # the recipe as shipped: a bf16 vLLM server for GRPO
     assert grpo_engine_overrides(shipped)[:3] == ["engine.dtype=bf16_if_native", "engine.servers=1", "engine.server_kind=vllm"]
+    assert grpo_overrides(shipped) == [*grpo_engine_overrides(shipped), "train.micro_batch_tokens=1024"]  # GRPO's micro-batches
+    assert shipped.train.micro_batch_tokens == 2048  # SFT's
+    assert grpo_overrides(check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_micro_batch_tokens=0"])) == grpo_engine_overrides(cfg)
+    with pytest.raises(ConfigError, match="demo.grpo_micro_batch_tokens"):
+        check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_micro_batch_tokens=-1"])
     given = check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=vllm", "engine.server_args=[--max-model-len=2048,--seed,3]"])
     assert grpo_engine_overrides(given)[-1] == 'engine.server_args=["--max-model-len=2048", "--seed", "3"]'
     from seekrl.config import load_config  # the overrides make a GRPO config that samples on one started vLLM server
-    grpo = load_config(str(DEFAULT_CONFIG), ["tools.retriever=http://127.0.0.1:1/retrieve", *grpo_engine_overrides(cfg)])
+    grpo = load_config(str(DEFAULT_CONFIG), ["tools.retriever=http://127.0.0.1:1/retrieve", *grpo_overrides(cfg)])
     assert (grpo.engine.kind, grpo.engine.servers, grpo.engine.api) == ("remote", 1, "vllm")
-    assert grpo.engine.server_args == ["--max-model-len", str(cfg.model.max_context)]
+    assert grpo.engine.server_args == [*kv, "--max-model-len", str(cfg.model.max_context)]
+    assert grpo.train.micro_batch_tokens == 1024
     with pytest.raises(ConfigError, match="rollout.top_p=1"):  # a rule of the vLLM engine, checked up front
         check_config(str(DEFAULT_CONFIG), [*over, "demo.grpo_engine=vllm", "rollout.top_p=0.9"])
     monkeypatch.setattr(setup, "default_server_python", lambda: None)
