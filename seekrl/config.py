@@ -102,7 +102,7 @@ class DemoConfig:
     grpo_dtype: EngineDtype | None = None
     """`seekrl demo --recipe hotpotqa_smollm2`: the GRPO stages' engine.dtype, the weights their rollouts are sampled with (with demo.grpo_engine=vllm, the server's dtype), while every eval samples with engine.dtype; e.g. bf16_if_native: a vLLM server in bfloat16 where the CPU computes it natively, and the evals in fp32 as SFT's. null: engine.dtype for both."""
     grpo_micro_batch_tokens: Annotated[int, Range(ge=0, text=">= 0 (0: train.micro_batch_tokens)")] = 0
-    """`seekrl demo --recipe hotpotqa_smollm2`: the GRPO stages' train.micro_batch_tokens, while SFT keeps train.micro_batch_tokens; e.g. 1024 with three seeds at once (demo.grpo_parallel=3), whose updates then fit beside each other in 24 GiB, while SFT's 2048-token micro-batches stay fast. 0: train.micro_batch_tokens for both."""
+    """`seekrl demo --recipe hotpotqa_smollm2`: the GRPO stages' train.micro_batch_tokens (over train.micro_batch_tokens, one given on the command line included), while SFT keeps train.micro_batch_tokens; e.g. 1024 with three seeds at once (demo.grpo_parallel=3), whose updates then fit beside each other in 24 GiB, while SFT's 2048-token micro-batches stay fast. 0: train.micro_batch_tokens for both."""
     check_every: Annotated[int, Range(ge=0, text=">= 0 (0: the check questions only after GRPO)")] = 0
     """`seekrl demo --recipe hotpotqa_smollm2`: the first GRPO seed evaluates the first `curve_questions` check questions at step 0, every N steps and at its last step (the learning curve against steps and minutes); 0: no curve."""
     curve_questions: Annotated[int, Range(ge=1)] = 100
