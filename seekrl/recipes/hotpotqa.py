@@ -281,13 +281,13 @@ def check_config(config: str, overrides: list[str]) -> Config:
 
     unbuilt = "tools.retriever=http://127.0.0.1:1/retrieve"
     cfg = load_config(config, [*overrides, unbuilt])
-    engine = grpo_overrides(cfg)
+    grpo = grpo_overrides(cfg)
     if cfg.demo.grpo_engine == "vllm":
         if not (cfg.engine.server_python or default_server_python() or importlib.util.find_spec("vllm")):
             raise ConfigError("demo.grpo_engine=vllm samples GRPO on a vLLM server, and vLLM is not installed: run `make vllm` "
                               "(it builds .venv-vllm) or name its interpreter with engine.server_python")
-    if engine:
-        load_config(config, [*overrides, *engine, unbuilt])
+    if grpo:
+        load_config(config, [*overrides, *grpo, unbuilt])
     check_seed_memory(cfg)
     return cfg
 
