@@ -6,7 +6,10 @@ For each run folder (its metrics.jsonl; a resumed run's repeated steps count onc
 write), and each pass over the training questions (the `epoch` metric), over steps 1..N (default
 every step): the steps, the mean step and rollout seconds, the refill rounds a step and the share
 of the sampled groups the refill dropped (`rollout/refill/*`), the training tasks `data.skip_flat`
-left out of that epoch's order (`data/skip_flat/skipped`), and the mean reward; then the totals.
+left out of that epoch's order (`data/skip_flat/skipped`), and the mean reward; then the totals;
+then, for the runs that log them, each run's mean step split into its phases (`time/rollout_s`,
+`time/logprobs_s`, `time/update_s` with PPO-ptx's `time/ptx_s` of it, `time/publish_s`, and the
+rest: logging, memory trimming).
 It launches nothing: run the arms with `seekrl train` (e.g. the same command with and without
 `data.skip_flat=1`), each alone on the machine, and compare them here.
 """
@@ -64,12 +67,32 @@ def table(runs: list[Path], last: int | None) -> str:
     return "\n".join(out + [""] + totals)
 
 
+PHASES = ("time/rollout_s", "time/logprobs_s", "time/update_s", "time/ptx_s", "time/publish_s")
+
+
+def phases(runs: list[Path], last: int | None) -> str:
+    """Each run's mean step and its phases, in seconds ("" when no run logs them: older runs)."""
+    out = ["| run | steps | step s | rollout s | log-probs s | update s | of it PPO-ptx s | publish s | the rest s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        rows = [r for r in steps_of(run, last).values() if "time/update_s" in r]
+        if not rows:
+            continue
+        m = {k: _mean(rows, k) for k in ("time/step_s", *PHASES)}
+        rest = m["time/step_s"] - sum(m[k] or 0.0 for k in PHASES if k != "time/ptx_s")
+        out.append(f"| {run.name} | {len(rows)} | {_fmt(m['time/step_s'])} | " + " | ".join(_fmt(m[k]) for k in PHASES) + f" | {_fmt(rest)} |")
+    return "\n".join(out) if len(out) > 2 else ""
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run folders (log.dir/log.name)")
     ap.add_argument("--steps", type=int, default=None, help="only steps 1..N of each run")
     a = ap.parse_args(argv)
     print(table(a.runs, a.steps))
+    split = phases(a.runs, a.steps)
+    if split:
+        print("\n" + split)
 
 
 if __name__ == "__main__":

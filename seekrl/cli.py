@@ -4,7 +4,7 @@
     seekrl launch examples/tiny_grpo.yaml cluster.engine_servers=2   # trainer ranks + engine servers on Ray
     seekrl sft CONFIG data.train=chats.jsonl            # chat SFT, loss on assistant tokens
     seekrl demo [--out runs/demo]                  # the embedded demo: SFT + GRPO with search on a CPU
-    seekrl demo --recipe hotpotqa_smollm2          # SmolLM2-135M learns to search HotpotQA (about 3 h on a 2-core CPU with avx512_bf16)
+    seekrl demo --recipe hotpotqa_smollm2          # SmolLM2-135M learns to search HotpotQA (about 2–2.7 h on a 2-core CPU with avx512_bf16)
     seekrl generate CONFIG generate.endpoint=http://127.0.0.1:8002/v1 generate.out=sft.jsonl   # or =teacher
     seekrl eval examples/gsm8k_grpo_smollm2.yaml model.path=runs/x/checkpoints/step_3/model
     seekrl compare runs/sft/eval runs/grpo/eval runs/grpo_s1/eval   # each gain over the first eval, its 95% CI, the seeds' mean

@@ -14,7 +14,7 @@ __all__ = ["RECIPES", "run_recipe"]
 RECIPES: dict[str, tuple[str, str]] = {
     "hotpotqa_smollm2": ("seekrl.recipes.hotpotqa",
                          "SmolLM2-135M-Instruct learns to search HotpotQA (BM25 over 14,903 paragraphs): "
-                         "teacher SFT -> eval -> 3 x 48 GRPO steps on a vLLM CPU server -> eval -> report, about 3 h on a 2-core CPU with avx512_bf16"),
+                         "teacher SFT -> eval -> 3 x 48 GRPO steps at once, each on a vLLM CPU server -> eval -> report, about 2-2.7 h on a 2-core CPU with avx512_bf16"),
 }
 
 

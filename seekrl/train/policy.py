@@ -16,6 +16,7 @@ An optimizer step whose loss or gradient norm is nan/inf is skipped (train/optim
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -127,6 +128,7 @@ class PolicyTrainer:
         mask_BC = batch.train_mask_BC(self.algo.mask_truncated)
         live_B = self._live_rows(batch, mask_BC)
         self.model.train()
+        ptx_s = 0.0
         for _, idx in minibatch_indices(len(batch), t.ppo_epochs, minibatches, self.gen, groups):
             mini = _minibatch(idx, mask_BC)
             if mini.tokens == 0:
@@ -140,7 +142,9 @@ class PolicyTrainer:
                 if not finite and not self.ranks.distributed:
                     break  # its step is skipped anyway (every rank runs all its micro-batches: FSDP's collectives)
             if self.ptx is not None and (finite or self.ranks.distributed):  # PPO-ptx: the supervised loss joins this step's gradient
+                t0 = time.perf_counter()
                 finite = self.guard.finite({"loss/ptx": self.ptx.backward(self.model, stats)}) and finite
+                ptx_s += time.perf_counter() - t0
             finite = finite_everywhere(finite, self.guard, self.ranks)
             if finite:
                 sync_gradients(self.model, self.ranks)
@@ -152,6 +156,8 @@ class PolicyTrainer:
             else:  # skipped: the weights and the optimizer state stay as they were
                 self.optimizer.zero_grad(set_to_none=True)
         stats.add(lr=self.scheduler.get_last_lr()[0])
+        if self.ptx is not None:
+            stats.add(**{"time/ptx_s": ptx_s})
         step_scheduler(self.scheduler)
 
     def _live_rows(self, batch: TokenBatch, mask_BC: torch.Tensor) -> torch.Tensor | None:

@@ -171,7 +171,9 @@ async def rl_step(rl: RLRun, step: int) -> dict[str, float]:
     stats.add(**rl.trainer.guard.end_step())
     # 6. New weights to the engine (in-process sync: the same tensors, so only the version moves;
     #    async: the turns in flight are cut and continue under the new weights).
+    t_publish = time.perf_counter()
     await rl.rollout.publish(rl.model, step)
+    stats.add(**{"time/publish_s": time.perf_counter() - t_publish})
     out = stats.export()
     out.setdefault("kl", out.get("actor/approx_kl", 0.0))
     out.setdefault("loss/policy", 0.0)
@@ -193,6 +195,7 @@ async def rl_step(rl: RLRun, step: int) -> dict[str, float]:
 def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
     """Old / reference log-probs, values, advantages, then the critic and policy updates."""
     a = rl.algo
+    t0 = time.perf_counter()
     # 3. Old log-probs (behaviour, or proximal with decoupled PPO), reference log-probs and values;
     #    the engine's log-probs checked against the trainer's (train/agreement.py).
     old = old_logprobs(a, rl.trainer, batch, trained_version=step - 1, reuse=rl.reuse_engine_logprobs,
@@ -204,6 +207,7 @@ def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
     batch.ref_logp_BC = rl.trainer.ref_logprobs(batch) if a.kl_coef > 0 else None
     batch.teacher_logp_BC = rl.teacher.logprobs(batch) if rl.teacher else None  # distillation: the teacher scores the student's tokens
     batch.values_BC = rl.critic.values(batch) if rl.critic else None
+    t_scored = time.perf_counter()
     # 4. Advantages.
     kl_coef = rl.kl_ctl.value
     est = estimate_advantages(
@@ -215,9 +219,11 @@ def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
     stats.add(**est.metrics)  # distill/reverse_kl
     batch.kl_coef = kl_coef if a.kl_in == "loss" else 0.0
     # 5. Updates.
+    t_update = time.perf_counter()
     if rl.critic:
         rl.critic.update(batch, stats, guard=rl.trainer.guard)
     rl.trainer.update(batch, stats)
+    stats.add(**{"time/logprobs_s": t_scored - t0, "time/update_s": time.perf_counter() - t_update})
     if est.kl_mean is not None:  # else, with old log-probs from the update, the update measured it
         rl.kl_ctl.update(est.kl_mean, len(batch))
         stats.add(kl=est.kl_mean)

@@ -142,6 +142,7 @@ def test_rl_run_learns_the_examples_and_resumes_the_draw(tmp_path):
     losses = [r["loss/ptx"] for r in rows]
     assert len(losses) == 16 and sum(losses[-3:]) / 3 < 0.6 * losses[0], losses
     assert all(r["ptx/tokens"] > 0 for r in rows)
+    assert all(0 < r["time/ptx_s"] < r["time/update_s"] for r in rows)  # the anchor's share of the update
     state = json.loads((full / "checkpoints" / "step_16" / "state.json").read_text())
     assert state["ptx"] == {"drawn": 16 * 8}  # one optimizer step a step, 8 examples each
 

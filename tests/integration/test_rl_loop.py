@@ -150,6 +150,10 @@ def test_run_folder_contents(tmp_path):
     for key in ("reward/mean", "reward/std", "loss/policy", "kl", "entropy", "response_len/mean", "time/step_s"):
         assert key in rows[1], key
     assert "eval/reward" in rows[0] and "eval/reward" in rows[-1]
+    for r in rows[1:]:  # the step's phases, each inside the step's time
+        assert r["time/update_s"] > 0 and r["time/logprobs_s"] >= 0 and r["time/publish_s"] >= 0, r
+        assert r["time/rollout_s"] + r["time/update_s"] + r["time/publish_s"] <= r["time/step_s"], r
+    assert "time/ptx_s" not in rows[1]  # no PPO-ptx, no ptx time
     assert all(r["memory/rss_gib"] > 0.05 and r["memory/trimmed_gib"] >= 0 for r in rows[1:])  # seekrl/memory.py, each step
     assert undocumented({k for r in rows for k in r}) == []
     samples = [json.loads(line) for line in (run / "trajectories" / "step_2.jsonl").read_text().splitlines()]
