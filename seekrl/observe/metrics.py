@@ -85,6 +85,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "time/step_s": ("rl, sft", "seconds of the whole step"),
     "time/logprobs_s": ("rl", "seconds of the step's scoring before the update: old (recomputed or checked), reference and teacher log-probs, values"),
     "time/update_s": ("rl", "seconds of the step's critic and policy updates (PPO-ptx's share included)"),
+    "time/critic_s": ("rl", "PPO: seconds of the update spent on the critic's value-loss epochs (the rest of time/update_s is the policy's)"),
     "time/ptx_s": ("rl", "PPO-ptx: seconds of the update spent on the data.ptx examples' loss and backward"),
     "time/publish_s": ("rl", "seconds giving the engine the step's weights (a disk sync to servers; a version bump in-process)"),
     "time/eval_s": ("rl", "seconds of the step's evaluation (steps with eval/* only)"),

@@ -207,7 +207,7 @@ def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
     batch.ref_logp_BC = rl.trainer.ref_logprobs(batch) if a.kl_coef > 0 else None
     batch.teacher_logp_BC = rl.teacher.logprobs(batch) if rl.teacher else None  # distillation: the teacher scores the student's tokens
     batch.values_BC = rl.critic.values(batch) if rl.critic else None
-    t_scored = time.perf_counter()
+    stats.add(**{"time/logprobs_s": time.perf_counter() - t0})
     # 4. Advantages.
     kl_coef = rl.kl_ctl.value
     est = estimate_advantages(
@@ -222,8 +222,9 @@ def learn(rl: RLRun, batch: TokenBatch, step: int, stats: StatsTracker) -> None:
     t_update = time.perf_counter()
     if rl.critic:
         rl.critic.update(batch, stats, guard=rl.trainer.guard)
+        stats.add(**{"time/critic_s": time.perf_counter() - t_update})
     rl.trainer.update(batch, stats)
-    stats.add(**{"time/logprobs_s": t_scored - t0, "time/update_s": time.perf_counter() - t_update})
+    stats.add(**{"time/update_s": time.perf_counter() - t_update})
     if est.kl_mean is not None:  # else, with old log-probs from the update, the update measured it
         rl.kl_ctl.update(est.kl_mean, len(batch))
         stats.add(kl=est.kl_mean)

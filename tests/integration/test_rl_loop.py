@@ -84,6 +84,7 @@ def test_ppo_raises_reward(tmp_path):
     # (minibatches of whole groups); at train.lr=1e-12 (no learning) 0.040 -> 0.036
     assert end > start + 0.15, f"PPO did not learn: reward {start:.3f} -> {end:.3f}"
     assert "loss/value" in rows[-1] and "critic/explained_var" in rows[-1]
+    assert all(0 < r["time/critic_s"] < r["time/update_s"] for r in rows if r["step"] > 0)  # the critic's share of the update
     assert undocumented({k for r in rows for k in r}) == []
 
 
@@ -153,7 +154,7 @@ def test_run_folder_contents(tmp_path):
     for r in rows[1:]:  # the step's phases, each inside the step's time
         assert r["time/update_s"] > 0 and r["time/logprobs_s"] >= 0 and r["time/publish_s"] >= 0, r
         assert r["time/rollout_s"] + r["time/update_s"] + r["time/publish_s"] <= r["time/step_s"], r
-    assert "time/ptx_s" not in rows[1]  # no PPO-ptx, no ptx time
+    assert "time/ptx_s" not in rows[1] and "time/critic_s" not in rows[1]  # no PPO-ptx, no critic: no time of theirs
     assert all(r["memory/rss_gib"] > 0.05 and r["memory/trimmed_gib"] >= 0 for r in rows[1:])  # seekrl/memory.py, each step
     assert undocumented({k for r in rows for k in r}) == []
     samples = [json.loads(line) for line in (run / "trajectories" / "step_2.jsonl").read_text().splitlines()]
