@@ -52,6 +52,7 @@ from typing import Annotated, Any
 
 from seekrl.engines.base import InferenceEngine
 from seekrl.errors import ConfigError
+from seekrl.memory import peak_resident_gib
 from seekrl.rewards.judge import has_rubric
 from seekrl.rewards.math import extract_boxed, math_accuracy
 from seekrl.rewards.qa import exact_match, extract_answer, f1_score, gold_list
@@ -289,6 +290,9 @@ def run(ev: EvalRun) -> dict[str, float]:
 
     metrics, groups = asyncio.run(evaluate(ev.workflow, ev.engine, ev.tasks, ev.n, ev.params, ev.primary_reward,
                                            progress=ev.progress, max_in_flight=ev.max_in_flight))
+    peak = peak_resident_gib()  # what an eval beside other runs needs (BENCHMARKS.md, "the in-process eval's memory")
+    if peak is not None:
+        metrics["memory/peak_rss_gib"] = peak
     json_path, md_path = write_eval(metrics, ev.run_dir)
     samples = ev.run_dir / "trajectories.jsonl"
     write_trajectories(samples, groups, ev.tokenizer)

@@ -76,6 +76,12 @@ def resident_gib() -> float | None:
     return _status_gib("VmRSS")
 
 
+def peak_resident_gib() -> float | None:
+    """This process's most resident memory in GiB (VmHWM: since it started, or since the last
+    `release()` reset it), or None where /proc is not there."""
+    return _status_gib("VmHWM")
+
+
 def _reset_peak() -> bool:
     """Start Linux's resident high-water mark (VmHWM) again from the present resident set; whether
     it could (writing 5 to /proc/self/clear_refs, Linux 4.0 and later)."""

@@ -19,14 +19,20 @@ def test_seekrl_eval_writes_metrics_table_and_trajectories(tmp_path, capsys):
             f"log.dir={tmp_path}", "log.name=tiny", "log.progress=false",
         ]).to_yaml()
     )
+    from seekrl.memory import resident_gib
+
+    rss_before = resident_gib()
     assert main(["eval", str(config), "eval.n=4", "eval.temperature=1.0"]) == 0
     out = tmp_path / "tiny" / "eval"
     metrics = json.loads((out / "eval.json").read_text())
     assert metrics["eval/count"] == 4
     for key in ("eval/em", "eval/f1", "eval/accuracy", "eval/qa_f1", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/answer_rate"):
         assert 0.0 <= metrics[key] <= 1.0, key
+    if rss_before is not None:  # Linux: the eval's peak (VmHWM) is at least what the process held when it began
+        assert rss_before <= metrics["memory/peak_rss_gib"] < 64
     table = (out / "eval.md").read_text()
     assert table.splitlines()[2].startswith("| all | 4 |")
+    assert "memory" not in table  # the table holds the eval's scores only
     assert table in capsys.readouterr().out  # the table is printed too
     rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert len(rows) == 16 and all("segments" in r and "reward_parts" in r for r in rows)
