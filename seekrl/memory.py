@@ -105,7 +105,7 @@ def release() -> dict[str, float]:
     sizes the memory several runs at once need; from the second call on, and only where the
     high-water mark can be reset), or {} where the resident set cannot be read. With
     SEEKRL_MALLOC_TRIM=0 in the environment it trims nothing and only reads the figures."""
-    peak = _status_gib("VmHWM") if _PEAK_SINCE_RELEASE[0] else None
+    peak = peak_resident_gib() if _PEAK_SINCE_RELEASE[0] else None
     before = resident_gib()
     libc = _libc()
     if libc is not None and os.environ.get(TRIM_ENV, "1") != "0":

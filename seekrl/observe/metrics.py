@@ -92,7 +92,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "tokens/sampled": ("rl", "tokens sampled by the policy in the step"),
     "memory/rss_gib": ("rl, sft", "the process's resident memory at the end of the step, after glibc's free pages went back to the system (seekrl/memory.py; Linux only)"),
     "memory/trimmed_gib": ("rl, sft", "free pages glibc gave back at the end of the step (malloc_trim; 0 with other C libraries)"),
-    "memory/peak_rss_gib": ("rl, sft, eval", "the process's most resident memory during the step (Linux's VmHWM, reset at each step's end; from the second step on): what sizes several runs at once (demo.seed_memory_gib); in `seekrl eval`'s eval.json, the process's peak over the eval"),
+    "memory/peak_rss_gib": ("rl, sft, eval", "the process's most resident memory during the step (Linux's VmHWM, reset at each step's end; from the second step on): what sizes several runs at once (demo.seed_memory_gib); in `seekrl eval`'s eval.json, the eval process's peak, model loading included (an engine server's memory is its own)"),
     "epoch": ("rl, sft", "passes over the training tasks so far"),
     # the update (train/policy.py)
     "loss/policy": ("rl", "policy loss of the step (minibatch-weighted)"),
