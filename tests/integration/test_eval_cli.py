@@ -7,6 +7,7 @@ import json
 
 from seekrl.cli import main
 from seekrl.config import load_config
+from seekrl.memory import resident_gib
 
 
 def test_seekrl_eval_writes_metrics_table_and_trajectories(tmp_path, capsys):
@@ -19,8 +20,6 @@ def test_seekrl_eval_writes_metrics_table_and_trajectories(tmp_path, capsys):
             f"log.dir={tmp_path}", "log.name=tiny", "log.progress=false",
         ]).to_yaml()
     )
-    from seekrl.memory import resident_gib
-
     rss_before = resident_gib()
     assert main(["eval", str(config), "eval.n=4", "eval.temperature=1.0"]) == 0
     out = tmp_path / "tiny" / "eval"
